@@ -1,0 +1,65 @@
+"""Load HF safetensors checkpoints into the engine's model (fusing q/k/v and gate/up projections)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from engine.model.arch import ArchConfig
+from engine.model.llama import LlamaForCausalLM
+
+# HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
+FUSED_PARTS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weights found")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def to_engine_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("model.")
+        for hf_part, (engine_part, index) in FUSED_PARTS.items():
+            if f".{hf_part}." in name:
+                fused.setdefault(name.replace(hf_part, engine_part), {})[index] = tensor
+                break
+        else:
+            out[name] = tensor
+    for name, parts in fused.items():
+        out[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+    return out
+
+
+def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
+               device: torch.device) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_len)
+    state = to_engine_names(read_checkpoint(path))
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ValueError(f"{path}: checkpoint does not match {cfg.architecture}: "
+                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, assign=True, strict=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
+    model.rotary = type(model.rotary)(cfg, max_len)
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,33 @@
+"""What the engine reports: per-request outputs and one BatchRecord per iteration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.request import RequestMetrics
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None  # stop | length | abort
+    metrics: RequestMetrics
+
+
+@dataclass
+class BatchRecord:
+    iteration: int
+    start_time: float
+    end_time: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_preemptions: int
+    num_kv_blocks_used: int
+    num_waiting: int
+    num_running: int
