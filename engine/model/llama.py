@@ -121,4 +121,6 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, positions, self.rotary, attn_backend, kv_cache, meta)
+        if logits_indices.numel() == 0:  # a partial prefill chunk samples nothing
+            return x.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
         return self.lm_head(self.norm(x[logits_indices])).float()

@@ -1,0 +1,35 @@
+# stallfree: setup / demo / test / lint
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (on this machine's disk; plain `torch` would pull a multi-GB CUDA build).
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test test-fast lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e '.[dev]'
+
+demo: setup
+	$(BIN)/stallfree-bench +experiment=demo -m
+	$(BIN)/stallfree-report results/demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	STALLFREE_SKIP_SLOW=1 $(BIN)/python -m pytest -q -x
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python benchmarks/engine_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

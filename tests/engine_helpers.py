@@ -1,0 +1,31 @@
+"""Shared drivers for the engine tests."""
+from __future__ import annotations
+
+import random
+
+from engine import LLMEngine, SamplingParams
+
+
+def make_prompts(n: int, seed: int, max_len: int = 300, vocab: int = 2048) -> list[list[int]]:
+    rng = random.Random(seed)
+    lengths = [1, max_len] + [rng.randint(2, max_len - 1) for _ in range(n - 2)]
+    return [[rng.randrange(3, vocab) for _ in range(length)] for length in lengths]
+
+
+def run_staggered(engine: LLMEngine, prompts: list[list[int]], max_tokens, gap: int = 2,
+                  params: SamplingParams | None = None) -> dict[str, list[int]]:
+    """Add prompt i at iteration i * gap (so requests arrive mid-flight); run to completion."""
+    max_tokens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    outputs: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    iteration = 0
+    while pending or engine.has_unfinished():
+        while pending and pending[0][0] * gap <= iteration:
+            i, prompt = pending.pop(0)
+            p = params or SamplingParams(max_tokens=max_tokens[i], temperature=0.0, ignore_eos=True)
+            engine.add_request(prompt, p, request_id=f"r{i}")
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.token_ids
+        iteration += 1
+    return outputs
