@@ -1,0 +1,123 @@
+"""OpenAI-compatible request models and the OpenAI-style error body of the server."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic_core import PydanticCustomError
+from starlette.exceptions import HTTPException
+
+MAX_PROMPTS_PER_REQUEST = 256
+MAX_STOP_STRINGS = 16
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
+Prompt = str | TokenIds | list[str] | list[TokenIds]
+StopStrings = Annotated[str, Field(min_length=1)] | Annotated[
+    list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)]
+
+
+class APIError(HTTPException):
+    """An error the client gets as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status_code: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(status_code, message, headers)
+        self.message, self.type, self.param, self.code = message, type, param, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status_code, headers=self.headers)
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """FastAPI's body validation failure as an OpenAI-style 400 (bad JSON) or 422 (bad fields)."""
+    first = exc.errors()[0]
+    if first["type"] == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
+    loc = [p for p in first["loc"] if p != "body"]
+    param = str(loc[0]) if loc else None
+    message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
+    return APIError(422, message, param=param, code="invalid_type" if "type" in first["type"] else "invalid_value")
+
+
+class _Model(BaseModel):
+    # strict: no silent coercion ("10" or true are not integers); unknown fields are ignored like vLLM does
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Model):
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
+    ignore_eos: bool = False
+    stop: StopStrings | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: Prompt
+    max_tokens: Annotated[int, Field(ge=1)] = 16
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt_shape(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Prompt:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError(
+                "prompt_type", "must be a string, a list of token ids (integers >= 0), or a list of either") from None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as a list: one entry per choice."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]
+        return list(p)
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # default: the rest of the context window
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+    def render(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class TokenizeRequest(_Model):
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: bool = True
