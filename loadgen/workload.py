@@ -38,6 +38,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
+def _positive(key: str, value: object) -> None:
+    number = isinstance(value, int | float | np.number) and not isinstance(value, bool)
+    _require(number and value > 0, key, "> 0", value)
+
+
 @functools.cache
 def load_trace(name: str) -> dict[str, np.ndarray]:
     """Columns of a trace CSV: a bundled name (``azure_conv``) or a path to a ``.csv`` file."""
@@ -50,7 +55,7 @@ def load_trace(name: str) -> dict[str, np.ndarray]:
     return {col: data[:, i] for i, col in enumerate(header)}
 
 
-def _trace_rows(name: str, key: str, n: int) -> dict[str, np.ndarray]:
+def _checked_trace(name: str, key: str, n: int) -> dict[str, np.ndarray]:
     try:
         trace = load_trace(name)
     except ValueError as e:
@@ -65,20 +70,20 @@ def _trace_rows(name: str, key: str, n: int) -> dict[str, np.ndarray]:
 
 def poisson(rng: np.random.Generator, n: int, qps: float) -> np.ndarray:
     """Exponential inter-arrival gaps with mean 1/qps; the first request is sent at 0."""
-    _require(qps > 0, "arrival.qps", "> 0", qps)
+    _positive("arrival.qps", qps)
     return np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / qps, n - 1))])
 
 
 def gamma(rng: np.random.Generator, n: int, qps: float, cv: float) -> np.ndarray:
     """Gamma inter-arrival gaps with mean 1/qps and coefficient of variation cv (cv=1: Poisson)."""
-    _require(qps > 0, "arrival.qps", "> 0", qps)
-    _require(cv > 0, "arrival.cv", "> 0", cv)
+    _positive("arrival.qps", qps)
+    _positive("arrival.cv", cv)
     shape = 1.0 / cv**2
     return np.concatenate([[0.0], np.cumsum(rng.gamma(shape, 1.0 / (qps * shape), n - 1))])
 
 
 def constant(rng: np.random.Generator, n: int, qps: float) -> np.ndarray:
-    _require(qps > 0, "arrival.qps", "> 0", qps)
+    _positive("arrival.qps", qps)
     return np.arange(n) / qps
 
 
@@ -89,8 +94,8 @@ def burst(rng: np.random.Generator, n: int) -> np.ndarray:
 def trace_arrivals(rng: np.random.Generator, n: int, time_scale: float = 1.0,
                    name: str = "azure_conv") -> np.ndarray:
     """The first n recorded ``arrived_at`` times (relative to the first) x time_scale."""
-    _require(time_scale > 0, "arrival.time_scale", "> 0", time_scale)
-    trace = _trace_rows(name, "arrival.name", n)
+    _positive("arrival.time_scale", time_scale)
+    trace = _checked_trace(name, "arrival.name", n)
     _require("arrived_at" in trace, "arrival.name", "a trace with an arrived_at column", name)
     times = trace["arrived_at"][:n]
     return (times - times[0]) * time_scale
@@ -130,7 +135,7 @@ def uniform(rng: np.random.Generator, n: int, prompt_lo: int, prompt_hi: int,
 def zipf(rng: np.random.Generator, n: int, prompt_lo: int, prompt_hi: int,
          output_lo: int, output_hi: int, alpha: float = 1.0) -> Lengths:
     """Bounded Zipf: many short requests, a heavy tail of long ones (bounds inclusive)."""
-    _require(alpha > 0, "lengths.alpha", "> 0", alpha)
+    _positive("lengths.alpha", alpha)
     return (_power_law(rng, n, "prompt", prompt_lo, prompt_hi, alpha),
             _power_law(rng, n, "output", output_lo, output_hi, alpha))
 
@@ -142,8 +147,8 @@ def trace_lengths(rng: np.random.Generator, n: int, name: str, scale: float = 1.
     Rows are drawn at random without replacement by the seed; ``shuffle=False`` takes the first n
     rows in file order instead (pairs row for row with the ``trace`` arrival process on azure_conv).
     """
-    _require(scale > 0, "lengths.scale", "> 0", scale)
-    trace = _trace_rows(name, "lengths.name", n)
+    _positive("lengths.scale", scale)
+    trace = _checked_trace(name, "lengths.name", n)
     rows = rng.permutation(len(trace["num_prefill_tokens"]))[:n] if shuffle else np.arange(n)
     scaled = [np.maximum(1, np.rint(trace[col][rows] / scale)).astype(int)
               for col in ("num_prefill_tokens", "num_decode_tokens")]

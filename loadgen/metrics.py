@@ -1,0 +1,135 @@
+"""Per-request metrics and the run summary (DESIGN.md section 5), with vLLM benchmark key names.
+
+Input is a DataFrame with the requests.parquet schema (docs/contracts.md). Warm-up rows are left
+out of everything; failed rows (status != ok) are left out of latency statistics but counted in
+``failed``. Times in the input are epoch seconds; every ``*_ms`` output is milliseconds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
+LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "normalized_latency",
+                   "scheduling_delay")
+TIME_COLUMNS = ("intended_send_time", "send_time", "first_token_time", "finish_time",
+                "server_arrival_time", "server_first_scheduled_time")
+MAX_SCHEDULE_LAG_P99_MS = 10.0
+MIN_ACHIEVED_FRACTION = 0.95
+
+
+def _gaps_ms(token_times) -> np.ndarray:
+    if token_times is None:
+        return np.empty(0)
+    return np.diff(np.asarray(token_times, dtype=float)) * 1e3
+
+
+def per_request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """The non-warm-up rows plus per-request metric columns (ms; NaN where not defined).
+
+    ``tbt_ms`` holds each request's gaps between consecutive tokens (an array); the scalar columns
+    are ttft_ms (from the intended send), ttft_from_send_ms (from the actual send), e2el_ms,
+    tpot_ms (only for > 1 output token), normalized_latency_ms, scheduling_delay_ms (server side),
+    max_tbt_ms and schedule_lag_ms (actual - intended send; defined for failed requests too).
+    """
+    df = requests[~requests["is_warmup"].astype(bool)].copy()
+    for col in TIME_COLUMNS:
+        df[col] = df[col].astype(float)
+    ok = df["status"] == "ok"
+    out = df["output_tokens"].astype(float)
+    df["schedule_lag_ms"] = (df["send_time"] - df["intended_send_time"]) * 1e3
+    df["ttft_ms"] = ((df["first_token_time"] - df["intended_send_time"]) * 1e3).where(ok)
+    df["ttft_from_send_ms"] = ((df["first_token_time"] - df["send_time"]) * 1e3).where(ok)
+    df["e2el_ms"] = ((df["finish_time"] - df["intended_send_time"]) * 1e3).where(ok)
+    df["tpot_ms"] = ((df["e2el_ms"] - df["ttft_ms"]) / (out - 1)).where(out > 1)
+    df["normalized_latency_ms"] = (df["e2el_ms"] / out).where(out > 0)
+    df["scheduling_delay_ms"] = ((df["server_first_scheduled_time"] - df["server_arrival_time"])
+                                 * 1e3).where(ok)
+    df["tbt_ms"] = [_gaps_ms(t) if good else np.empty(0) for t, good in zip(df["token_times"], ok, strict=True)]
+    df["max_tbt_ms"] = [g.max() if len(g) else np.nan for g in df["tbt_ms"]]
+    return df
+
+
+def _stats(name: str, values) -> dict[str, float | None]:
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    keys = [f"{stat}_{name}_ms" for stat in ("mean", "std", *PERCENTILES)]
+    if not len(v):
+        return dict.fromkeys(keys)
+    vals = [v.mean(), v.std(), *np.percentile(v, list(PERCENTILES.values()))]
+    return {k: float(x) for k, x in zip(keys, vals, strict=True)}
+
+
+def _rate(times: pd.Series) -> float | None:
+    """Requests per second over a series of send times: (n - 1) / span (None when span is 0)."""
+    times = times.dropna()
+    span = times.max() - times.min() if len(times) else 0.0
+    return float((len(times) - 1) / span) if span > 0 else None
+
+
+def _per_second(count: float, duration: float | None) -> float | None:
+    return float(count / duration) if duration else None
+
+
+def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_ms: float | None = None,
+              slo_e2e_ms: float | None = None) -> dict:
+    """The run summary: counts, throughput, goodput, latency statistics and validity flags.
+
+    duration = last finish - first intended send (all non-warm-up rows). A request is good when it
+    is ok and meets every given SLO: ttft <= slo_ttft_ms, e2el <= slo_e2e_ms and every one of its
+    token gaps <= slo_tbt_ms. Offered / achieved rates are (n - 1) / span of the intended / actual
+    send times, so a constant-rate schedule reports exactly its qps.
+    """
+    df = per_request_metrics(requests)
+    ok = df["status"] == "ok"
+    done = df[ok]
+    finish = df["finish_time"].max()
+    duration = float(finish - df["intended_send_time"].min()) if len(df) and not np.isnan(finish) else None
+    total_in = int(done["prompt_tokens"].sum())
+    total_out = int(done["output_tokens"].sum())
+
+    good = ok.copy()
+    if slo_ttft_ms is not None:
+        good &= df["ttft_ms"] <= slo_ttft_ms
+    if slo_e2e_ms is not None:
+        good &= df["e2el_ms"] <= slo_e2e_ms
+    if slo_tbt_ms is not None:
+        good &= df["max_tbt_ms"].fillna(0.0) <= slo_tbt_ms  # a 1-token request has no gaps
+
+    tbt = np.concatenate([np.empty(0), *done["tbt_ms"]])
+    per_metric = {"ttft": done["ttft_ms"], "ttft_from_send": done["ttft_from_send_ms"],
+                  "tpot": done["tpot_ms"], "itl": tbt, "tbt": tbt, "e2el": done["e2el_ms"],
+                  "normalized_latency": done["normalized_latency_ms"],
+                  "scheduling_delay": done["scheduling_delay_ms"]}
+
+    lag = df["schedule_lag_ms"].dropna()
+    lag_p50, lag_p99 = (float(x) for x in np.percentile(lag, [50, 99])) if len(lag) else (None, None)
+    offered, achieved = _rate(df["intended_send_time"]), _rate(df["send_time"])
+    fell_behind = (lag_p99 is not None and lag_p99 > MAX_SCHEDULE_LAG_P99_MS) or (
+        offered is not None and (achieved or 0.0) < MIN_ACHIEVED_FRACTION * offered)
+
+    summary = {
+        "completed": int(ok.sum()),
+        "failed": int((~ok).sum()),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": _per_second(int(ok.sum()), duration),
+        "output_throughput": _per_second(total_out, duration),
+        "total_token_throughput": _per_second(total_in + total_out, duration),
+        "request_goodput": _per_second(int(good.sum()), duration),
+    }
+    for name in LATENCY_METRICS:
+        summary.update(_stats(name, per_metric[name]))
+    summary.update({
+        "schedule_lag_p50_ms": lag_p50,
+        "schedule_lag_p99_ms": lag_p99,
+        "schedule_lag_max_ms": float(lag.max()) if len(lag) else None,
+        "offered_rate": offered,
+        "achieved_rate": achieved,
+        "client_fell_behind": bool(fell_behind),
+        "slo_tbt_ms": slo_tbt_ms,
+        "slo_ttft_ms": slo_ttft_ms,
+        "slo_e2e_ms": slo_e2e_ms,
+    })
+    return summary

@@ -1,0 +1,151 @@
+import json
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.metrics import LATENCY_METRICS, summarize
+from loadgen.results import REQUESTS_SCHEMA, is_complete, make_run_id, rebuild_experiment_summary, write_run
+
+T0 = 1000.0
+
+
+def row(rid, intended, send, tokens, *, status="ok", prompt=10, warmup=False, server=None):
+    arrival, scheduled = server or (None, None)
+    return {"request_id": rid, "status": status, "error": None if status == "ok" else "boom",
+            "is_warmup": warmup, "prompt_tokens": prompt, "max_tokens": 8, "output_tokens": len(tokens),
+            "intended_send_time": T0 + intended, "send_time": T0 + send,
+            "first_token_time": T0 + tokens[0] if tokens else None,
+            "finish_time": T0 + (tokens[-1] if status == "ok" else 1.9),
+            "token_times": [T0 + t for t in tokens],
+            "server_arrival_time": None if arrival is None else T0 + arrival,
+            "server_first_scheduled_time": None if scheduled is None else T0 + scheduled,
+            "server_finish_time": None, "server_token_times": None, "num_preemptions": None}
+
+
+def example_rows() -> list[dict]:
+    """Hand-computed example (times in seconds after T0):
+
+    r1: ttft 100 ms (99 from send), gaps 20, 30 -> e2e 150, tpot 25, normalized 50, sched 10 ms
+    r2: one token: ttft = e2e = 200 ms (197 from send), no tpot, no gaps, no server times
+    r3: ttft 50, gaps 10, 10, 10 -> e2e 80, tpot 10, normalized 20, sched 5 ms
+    f1: failed (one token then an error, finish at 1.9 s): counted, not in latency stats
+    w: warm-up with absurd times: ignored everywhere
+    """
+    return [
+        row("w", -5.0, -4.0, [-1.0, 0.9], prompt=999, warmup=True, server=(-4.0, 0.0)),
+        row("r1", 0.0, 0.001, [0.100, 0.120, 0.150], prompt=10, server=(0.002, 0.012)),
+        row("r2", 0.5, 0.503, [0.700], prompt=20),
+        row("r3", 1.0, 1.0, [1.050, 1.060, 1.070, 1.080], prompt=30, server=(1.001, 1.006)),
+        row("f1", 1.5, 1.5, [1.6], status="error", prompt=40, server=(1.5, 1.5)),
+    ]
+
+
+def test_summary_matches_hand_computation():
+    s = summarize(pd.DataFrame(example_rows()))
+    approx = pytest.approx
+    duration = 1.9  # last finish (the failed request's) - first intended send
+    assert (s["completed"], s["failed"]) == (3, 1)
+    assert s["duration"] == approx(duration)
+    assert (s["total_input_tokens"], s["total_output_tokens"]) == (60, 8)
+    assert s["request_throughput"] == approx(3 / duration)
+    assert s["output_throughput"] == approx(8 / duration)
+    assert s["total_token_throughput"] == approx(68 / duration)
+    assert s["request_goodput"] == approx(3 / duration)  # no SLO given: every ok request is good
+
+    assert s["mean_ttft_ms"] == approx(350 / 3)
+    assert s["median_ttft_ms"] == approx(100)
+    assert s["p90_ttft_ms"] == approx(180)  # linear interpolation over [50, 100, 200]
+    assert s["std_ttft_ms"] == approx(pd.Series([100, 200, 50]).std(ddof=0))
+    assert s["median_ttft_from_send_ms"] == approx(99)
+    assert (s["mean_tpot_ms"], s["median_tpot_ms"]) == (approx(17.5), approx(17.5))  # r2 has no TPOT
+    for name in ("tbt", "itl"):  # pooled gaps [20, 30, 10, 10, 10]
+        assert s[f"mean_{name}_ms"] == approx(16)
+        assert s[f"median_{name}_ms"] == approx(10)
+        assert s[f"p99_{name}_ms"] == approx(29.6)
+        assert s[f"p99.9_{name}_ms"] == approx(29.96)
+    assert s["mean_e2el_ms"] == approx(430 / 3)
+    assert s["median_e2el_ms"] == approx(150)
+    assert s["mean_normalized_latency_ms"] == approx(90)
+    assert s["mean_scheduling_delay_ms"] == approx(7.5)  # r2 has no server times, f1 failed
+
+    # validity: lags [1, 3, 0, 0] ms over all non-warm-up rows, failed included
+    assert s["schedule_lag_p50_ms"] == approx(0.5)
+    assert s["schedule_lag_p99_ms"] == approx(2.94)
+    assert s["schedule_lag_max_ms"] == approx(3)
+    assert s["offered_rate"] == approx(2.0)
+    assert s["achieved_rate"] == approx(3 / 1.499)
+    assert s["client_fell_behind"] is False
+    assert s["slo_tbt_ms"] is None and s["slo_ttft_ms"] is None
+
+
+@pytest.mark.parametrize(("slos", "good"), [
+    ({"slo_ttft_ms": 150}, 2),  # r2's 200 ms TTFT misses
+    ({"slo_tbt_ms": 25}, 2),  # r1's 30 ms gap misses; r2 has no gaps
+    ({"slo_ttft_ms": 150, "slo_tbt_ms": 25}, 1),
+    ({"slo_e2e_ms": 100}, 1),
+    ({"slo_ttft_ms": 1000, "slo_tbt_ms": 1000, "slo_e2e_ms": 1000}, 3),  # f1 is never good
+])
+def test_goodput_counts_ok_requests_meeting_all_slos(slos, good):
+    s = summarize(pd.DataFrame(example_rows()), **slos)
+    assert s["request_goodput"] == pytest.approx(good / 1.9)
+    assert s["slo_ttft_ms"] == slos.get("slo_ttft_ms")
+
+
+def test_client_fell_behind_on_lag_or_rate():
+    late = example_rows()
+    late[2]["send_time"] += 0.050  # 50 ms lag on one of four requests: p99 lag > 10 ms, same rate
+    s = summarize(pd.DataFrame(late))
+    assert s["achieved_rate"] == pytest.approx(3 / 1.499) and s["client_fell_behind"] is True
+    slow = [row(f"r{i}", intended, send, [send + 0.01])
+            for i, (intended, send) in enumerate([(0.0, 0.0), (0.05, 0.055), (0.1, 0.1095)])]
+    s = summarize(pd.DataFrame(slow))  # lags <= 9.5 ms, but only 91 % of the offered rate
+    assert s["schedule_lag_p99_ms"] < 10
+    assert (s["offered_rate"], s["achieved_rate"]) == (pytest.approx(20), pytest.approx(2 / 0.1095))
+    assert s["client_fell_behind"] is True
+
+
+def test_summary_has_every_contract_key_and_handles_no_successes():
+    rows = [row("f", 0.0, 0.0, [], status="timeout")]
+    s = summarize(pd.DataFrame(rows))
+    for name in LATENCY_METRICS:
+        for stat in ("mean", "std", "median", "p90", "p95", "p99", "p99.9"):
+            assert s[f"{stat}_{name}_ms"] is None
+    assert (s["completed"], s["failed"], s["duration"], s["request_goodput"]) == (0, 1, pytest.approx(1.9), 0.0)
+    assert s["offered_rate"] is None  # a single request has no rate
+
+
+def test_run_id_is_deterministic_and_filesystem_safe():
+    params = {"scheduler": "sarathi", "chunk_size": 256, "qps": 1.0}
+    assert make_run_id(params) == "scheduler=sarathi,chunk_size=256,qps=1.0"
+    assert make_run_id({"model": "/ckpt/llama 2", "x": None}) == "model=_ckpt_llama_2,x=None"
+    long_a, long_b = make_run_id({"k": "a" * 300}), make_run_id({"k": "a" * 299 + "b"})
+    assert len(long_a) <= 180 and long_a != long_b and "/" not in long_a
+
+
+def test_write_run_round_trip_and_experiment_summary(tmp_path):
+    rows = example_rows()
+    summary = {"experiment": "exp", "run_id": "qps=1", "workload": {"kind": "fixed"},
+               **summarize(pd.DataFrame(rows))}
+    run_dir = write_run(tmp_path / "exp", "qps=1", config={"qps": 1}, requests=rows, summary=summary,
+                        batches=[{"iteration": 0, "num_prefill_tokens": 5}])
+    assert is_complete(run_dir) and sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["qps=1"]
+    table = pq.read_table(run_dir / "requests.parquet")
+    assert table.schema == REQUESTS_SCHEMA
+    assert summarize(table.to_pandas()) == summarize(pd.DataFrame(rows))
+    assert json.loads((run_dir / "summary.json").read_text())["median_ttft_ms"] == pytest.approx(100)
+    assert (run_dir / "config.yaml").read_text() == "qps: 1\n"
+    assert pq.read_table(run_dir / "batches.parquet").num_rows == 1
+
+    (tmp_path / "exp" / "incomplete").mkdir()  # a run that crashed before its summary
+    (tmp_path / "exp" / ".qps=2.tmp-123").mkdir()  # one still being written
+    write_run(tmp_path / "exp", "qps=3", config="a: 1\n", requests=[], summary={"run_id": "qps=3", "qps": 3})
+    table = rebuild_experiment_summary(tmp_path / "exp")
+    assert table["run_id"].tolist() == ["qps=1", "qps=3"]
+    assert pd.read_parquet(tmp_path / "exp" / "summary.parquet")["workload"].tolist()[0] == '{"kind": "fixed"}'
+
+
+def test_write_run_leaves_nothing_behind_on_failure(tmp_path):
+    with pytest.raises(Exception, match="Expected bytes"):  # request_id must be a string
+        write_run(tmp_path, "bad", config={}, requests=[{"request_id": 1}], summary={})
+    assert list(tmp_path.iterdir()) == []
