@@ -48,6 +48,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
+        self._iterations = itertools.count()  # kept apart from batch_records, which a server may trim
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
@@ -150,7 +151,7 @@ class LLMEngine:
                 self._finish(request, status, end)
             outputs.append(self._output(request, [token]))
         self.batch_records.append(BatchRecord(
-            iteration=len(self.batch_records), start_time=start, end_time=end,
+            iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
             num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
             num_preemptions=len(batch.preempted), num_kv_blocks_used=self.kv.num_used_blocks,

@@ -5,17 +5,25 @@ from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
 MAX_PROMPTS_PER_REQUEST = 256
 MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256  # the per-token stop-string check is quadratic in this
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 Prompt = str | TokenIds | list[str] | list[TokenIds]
-StopStrings = Annotated[str, Field(min_length=1)] | Annotated[
-    list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)]
+StopStrings = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]],
+                        Field(max_length=MAX_STOP_STRINGS)]
 
 
 class APIError(HTTPException):
@@ -26,9 +34,11 @@ class APIError(HTTPException):
         super().__init__(status_code, message, headers)
         self.message, self.type, self.param, self.code = message, type, param, code
 
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status_code, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
@@ -37,10 +47,14 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if first["type"] == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
+    if isinstance(first.get("input"), bytes):  # FastAPI left a body with a non-JSON content type unparsed
+        return APIError(400, "request body must be JSON (Content-Type: application/json)", code="invalid_json")
     loc = [p for p in first["loc"] if p != "body"]
     param = str(loc[0]) if loc else None
     message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
-    return APIError(422, message, param=param, code="invalid_type" if "type" in first["type"] else "invalid_value")
+    code = "missing_field" if first["type"] == "missing" else \
+        "invalid_type" if first["type"].endswith("_type") else "invalid_value"
+    return APIError(422, message, param=param, code=code)
 
 
 class _Model(BaseModel):
@@ -64,9 +78,10 @@ class _GenerationRequest(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
-    @property
-    def stop_strings(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @property
     def include_usage(self) -> bool:
@@ -111,9 +126,6 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None  # default: the rest of the context window
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-
-    def render(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
 class TokenizeRequest(_Model):

@@ -1,0 +1,89 @@
+"""Server overhead: the engine benchmark's workload through HTTP (streaming) vs in-process LLM.generate.
+
+Reports the output tokens/s ratio HTTP / in-process (target >= 0.9) and the TTFT the HTTP path adds
+at low load (sequential single requests: client-side TTFT minus the engine's own TTFT).
+
+    python benchmarks/server_overhead.py [--model small] [--out benchmarks/results/server_overhead.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.engine_throughput import make_prompts, run_engine
+from loadgen.openloop import run_open_loop_sync
+from loadgen.workload import RequestSpec
+
+
+def start_server(model: str, port: int, chunk_size: int) -> subprocess.Popen:
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "stallfree-serve"), f"model={model}",
+                             "scheduler=sarathi", f"chunk_size={chunk_size}", f"port={port}"],
+                            stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if "ready" in line:
+            return proc
+    raise RuntimeError("stallfree-serve exited before it was ready")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--out", default="benchmarks/results/server_overhead.json")
+    args = ap.parse_args()
+    prompts = make_prompts(args.num_requests, args.prompt_len, 32000 if args.model == "small" else 2048)
+    result: dict = {"model": args.model, "num_requests": args.num_requests, "prompt_len": args.prompt_len,
+                    "max_tokens": args.max_tokens}
+
+    tput, llm = run_engine(args.model, "sarathi", prompts, args.max_tokens, "auto", chunk_size=512)
+    result["inprocess_tok_s"] = tput
+    engine_ttfts = []
+    for prompt in prompts[:5]:
+        out = llm.generate([prompt], None)[0]
+        engine_ttfts.append(out.metrics.first_token_time - out.metrics.arrival_time)
+    del llm
+
+    proc = start_server(args.model, args.port, 512)
+    try:
+        url = f"http://127.0.0.1:{args.port}"
+        warm = [RequestSpec("warm", 0.0, prompts[0][:16], 4)]
+        run_open_loop_sync(url, warm, model=args.model, timeout_s=600)
+        specs = [RequestSpec(f"r{i}", 0.0, p, args.max_tokens) for i, p in enumerate(prompts)]
+        start = time.perf_counter()
+        rows = run_open_loop_sync(url, specs, model=args.model, timeout_s=600)
+        elapsed = time.perf_counter() - start
+        assert all(r["status"] == "ok" and r["output_tokens"] == args.max_tokens for r in rows), rows[0]
+        result["http_tok_s"] = len(rows) * args.max_tokens / elapsed
+        http_ttfts, server_ttfts = [], []
+        for i, prompt in enumerate(prompts[:5]):
+            row = run_open_loop_sync(url, [RequestSpec(f"s{i}", 0.0, prompt, 16)], model=args.model,
+                                     timeout_s=600)[0]
+            http_ttfts.append(row["first_token_time"] - row["send_time"])
+            server_ttfts.append(row["server_token_times"][0] - row["server_arrival_time"])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    result["ratio_http_vs_inprocess"] = result["http_tok_s"] / result["inprocess_tok_s"]
+    result["ttft_inprocess_ms_p50"] = 1000 * statistics.median(engine_ttfts)
+    result["ttft_http_ms_p50"] = 1000 * statistics.median(http_ttfts)
+    result["ttft_added_vs_inprocess_ms_p50"] = result["ttft_http_ms_p50"] - result["ttft_inprocess_ms_p50"]
+    result["ttft_added_vs_server_engine_ms_p50"] = 1000 * statistics.median(
+        h - s for h, s in zip(http_ttfts, server_ttfts, strict=True))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    for key, value in result.items():
+        print(f"{key:38s} {value:.4g}" if isinstance(value, float) else f"{key:38s} {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""The FastAPI app: OpenAI-compatible completions / chat, models, tokenize, health and metrics."""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
+
+from engine.engine import LLMEngine
+from engine.request import SamplingParams
+from engine.server_format import OpenAIFormat, collect, stream_events
+from engine.server_generate import Generation
+from engine.server_http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
+from engine.server_loop import EngineLoop
+from engine.server_metrics import ServerMetrics
+from engine.server_protocol import (
+    MAX_PROMPTS_PER_REQUEST,
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    TokenizeRequest,
+    validation_error,
+)
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port
+    api_key: str | None = None  # required as "Authorization: Bearer <key>" on all but /health
+    max_waiting: int = 1024  # engine requests waiting to be scheduled; beyond: 429
+    max_body_bytes: int = 1 << 20
+    served_model_name: str | None = None  # default: the engine's model name
+    timeout_graceful_shutdown: float = 5.0  # then in-flight streams are cancelled (and aborted)
+    log_level: str = "warning"
+
+    def validate(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        check(isinstance(self.host, str) and bool(self.host), f"host must be a non-empty string, got {self.host!r}")
+        check(is_int(self.port) and 0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port!r}")
+        check(self.api_key is None or (isinstance(self.api_key, str) and bool(self.api_key)),
+              "api_key must be a non-empty string or null")
+        check(is_int(self.max_waiting) and self.max_waiting >= 1,
+              f"max_waiting must be an integer >= 1, got {self.max_waiting!r}")
+        check(is_int(self.max_body_bytes) and self.max_body_bytes >= 1,
+              f"max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
+        check(isinstance(self.timeout_graceful_shutdown, int | float) and self.timeout_graceful_shutdown >= 0,
+              f"timeout_graceful_shutdown must be >= 0, got {self.timeout_graceful_shutdown!r}")
+        check(self.log_level in ("critical", "error", "warning", "info", "debug", "trace"),
+              f"log_level must be one of critical|error|warning|info|debug|trace, got {self.log_level!r}")
+
+
+@dataclass
+class ServerState:
+    cfg: ServerConfig
+    engine_loop: EngineLoop
+    tokenizer: object  # the event loop's own copy (the engine thread uses the engine's)
+    model_name: str
+    max_model_len: int
+    metrics: ServerMetrics
+    created: int
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if isinstance(prompt, str) \
+            else list(prompt)
+        if not ids:
+            raise APIError(400, "prompt is empty", param="prompt", code="empty_prompt")
+        return ids
+
+    def render_chat(self, messages: list[ChatMessage]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(400, f"model {self.model_name!r} has no chat template", param="messages")
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in messages],
+                                                      add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # template errors (e.g. a role order the template rejects)
+            raise APIError(400, f"chat template failed: {exc}", param="messages") from None
+        return self.encode(text, add_special_tokens=False)  # the template adds any BOS itself
+
+    def sampling_params(self, body: CompletionRequest | ChatCompletionRequest, prompts: list[list[int]],
+                        max_tokens: int | None) -> list[SamplingParams]:
+        if len(prompts) > min(MAX_PROMPTS_PER_REQUEST, self.cfg.max_waiting):
+            raise APIError(400, f"at most {min(MAX_PROMPTS_PER_REQUEST, self.cfg.max_waiting)} prompts per request",
+                           param="prompt")
+        params = []
+        for p in prompts:
+            budget = self.max_model_len - len(p)
+            if budget < 1 or (max_tokens is not None and max_tokens > budget):
+                asked = f"{len(p)} in the prompt" + (f" + {max_tokens} to generate" if max_tokens else "")
+                raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens; the "
+                               f"request needs {asked} (at least one must be generated)", param="max_tokens",
+                               code="context_length_exceeded")
+            sp = SamplingParams(max_tokens=max_tokens or budget, temperature=body.temperature, top_p=body.top_p,
+                                top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos)
+            try:
+                sp.validate()
+            except ValueError as exc:
+                raise APIError(400, str(exc), code="invalid_value") from None
+            params.append(sp)
+        return params
+
+
+def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None = None) -> FastAPI:
+    """Load the engine (``LLMEngine.from_kwargs(**engine_kwargs)``) and build the app; the engine thread
+    runs while the app is being served (lifespan). Raises ValueError on bad configuration."""
+    cfg = server_cfg or ServerConfig()
+    cfg.validate()
+    engine = LLMEngine.from_kwargs(**(engine_kwargs or {}))
+    model_name = cfg.served_model_name or engine.model_name
+    metrics = ServerMetrics(model_name)
+    st = ServerState(cfg, EngineLoop(engine, metrics, cfg.max_waiting), copy.deepcopy(engine.tokenizer),
+                     model_name, engine.max_model_len, metrics, int(time.time()))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        st.engine_loop.start()
+        yield
+        st.engine_loop.stop()
+
+    app = FastAPI(title="stallfree", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  strict_content_type=False)  # a body without Content-Type is parsed as JSON
+    app.state.stallfree = st
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI's own 400: a body it could not decode (bad UTF-8, nesting too deep, huge numbers)
+        code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc).response()
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=499)
+
+    async def generate(request: Request, body: CompletionRequest | ChatCompletionRequest,
+                       prompts: list[list[int]], max_tokens: int | None) -> Response:
+        params = st.sampling_params(body, prompts, max_tokens)
+        rid = request.state.request_id
+        gen = await Generation.start(st.engine_loop, st.tokenizer, prompts, params, body.stop or [], rid,
+                                     request.state.arrival_time)
+        chat = isinstance(body, ChatCompletionRequest)
+        fmt = OpenAIFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", st.model_name)
+        if body.stream:
+            return SSEResponse(stream_events(gen, fmt, body.include_usage), on_close=gen.close,
+                               headers={"Cache-Control": "no-cache"})
+        try:
+            return JSONResponse(await until_disconnected(request, collect(gen, fmt, len(prompts))))
+        finally:
+            gen.close()  # a no-op unless the client left (or the handler was cancelled) early
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> Response:
+        st.check_model(body.model)
+        return await generate(request, body, [st.encode(p) for p in body.prompts()], body.max_tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+        st.check_model(body.model)
+        return await generate(request, body, [st.render_chat(body.messages)],
+                              body.max_completion_tokens or body.max_tokens)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        st.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "send exactly one of 'prompt' or 'messages'", param="prompt")
+        ids = st.encode(body.prompt, body.add_special_tokens) if body.messages is None \
+            else st.render_chat(body.messages)
+        return {"tokens": ids, "count": len(ids), "max_model_len": st.max_model_len}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": st.model_name, "object": "model", "created": st.created,
+                                            "owned_by": "stallfree", "max_model_len": st.max_model_len}]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not st.engine_loop.alive:
+            raise APIError(503, st.engine_loop.error or "the engine is not running", type="server_error",
+                           code="engine_unavailable")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(RequestContextMiddleware, metrics=metrics, known_paths={r.path for r in app.routes},
+                       api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+    return app

@@ -1,0 +1,152 @@
+"""HTTP plumbing: the request-context middleware, an SSE response that notices disconnects, and a
+helper that cancels a non-streaming handler's work when its client goes away."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.server_metrics import ServerMetrics
+from engine.server_protocol import APIError
+
+logger = logging.getLogger("stallfree.server")
+T = TypeVar("T")
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the response was ready."""
+
+
+class RequestContextMiddleware:
+    """Outermost layer of the app: gives every request an ``x-request-id`` (also in
+    ``request.state.request_id``) and its arrival time (``request.state.arrival_time``), enforces the
+    API key and the body-size limit, counts responses per path and status, and turns any unhandled
+    exception into an OpenAI-style 500."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, known_paths: set[str], api_key: str | None,
+                 max_body_bytes: int):
+        self.app = app
+        self.metrics = metrics
+        self.known_paths = known_paths
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = uuid.uuid4().hex
+        scope.setdefault("state", {}).update(request_id=request_id, arrival_time=time.time())
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            if (error := self._reject(scope)) is not None:
+                await error.response()(scope, receive, send_with_id)
+            else:
+                await self.app(scope, self._limited(receive), send_with_id)
+        except Exception:
+            logger.exception("unhandled error in %s %s", scope["method"], scope["path"])
+            if status == 0:
+                await APIError(500, "internal server error", type="server_error",
+                               code="internal_error").response()(scope, receive, send_with_id)
+        finally:
+            path = scope["path"] if scope["path"] in self.known_paths else "other"
+            self.metrics.observe_http(path, status or 499)
+
+    def _reject(self, scope: Scope) -> APIError | None:
+        headers = Headers(scope=scope)
+        if self.api_key is not None and scope["path"] not in UNAUTHENTICATED_PATHS:
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+                return APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                                type="authentication_error", code="invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+
+    def _limited(self, receive: Receive) -> Receive:
+        """Counts body bytes when there is no (truthful) Content-Length, e.g. chunked uploads."""
+        received = 0
+
+        async def receive_limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise self._too_large()
+            return message
+
+        return receive_limited
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events. Stops streaming as soon as the client disconnects (even while waiting for
+    the next event), then closes the event generator and calls ``on_close`` (which aborts whatever
+    is unfinished, also when the stream never started)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client is gone
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            await self.body_iterator.aclose()
+            self.on_close()
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it and raise ClientDisconnected."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientDisconnected
+    finally:
+        for t in (task, watcher):
+            t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

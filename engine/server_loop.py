@@ -1,0 +1,213 @@
+"""The engine thread: the only code that touches the (not thread-safe) LLMEngine.
+
+Submissions and aborts come in through a condition-guarded command list; outputs go back to each
+submission's asyncio queue with ``loop.call_soon_threadsafe``. With nothing unfinished the thread
+sleeps on the condition (no busy spin).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.request import SamplingParams
+from engine.server_metrics import ServerMetrics
+
+logger = logging.getLogger("stallfree.server")
+
+# When requests are unfinished but an iteration scheduled nothing, wait this long before retrying.
+STALL_WAIT_S = 0.005
+
+
+class EngineDead(RuntimeError):
+    """The engine thread is not running (it died, or the server is shutting down)."""
+
+
+class EngineFailed(RuntimeError):
+    """engine.step raised while the request was in the engine; the request was dropped."""
+
+
+class QueueFull(RuntimeError):
+    """Admitting the request would exceed max_waiting."""
+
+
+@dataclass(eq=False)
+class Submission:
+    """The engine requests of one HTTP request (one per prompt).
+
+    The engine thread puts on ``queue``: ``None`` once all are added, then lists of
+    (prompt index, RequestOutput) per iteration; or one exception that ends the submission.
+    """
+
+    request_ids: list[str]
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    arrival_time: float
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class Abort:
+    request_id: str
+    reason: str  # finish reason for the metrics: "abort" (client gone) or "stop" (stop string)
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self.error: str | None = None  # why the thread died
+        self._cond = threading.Condition()
+        self._commands: list[Submission | Abort] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # engine-thread state
+        self._routes: dict[str, tuple[Submission, int]] = {}
+        self._progress = True
+
+    # -- any thread --------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str,
+                     arrival_time: float) -> Submission:
+        """Queue the prompts as engine requests ``{request_id}-{i}``; returns once the engine thread
+        added them all. Raises QueueFull, ValueError (rejected by the engine) or EngineDead."""
+        sub = Submission([f"{request_id}-{i}" for i in range(len(prompts))], prompts, params, arrival_time,
+                         asyncio.get_running_loop())
+        self._post(sub)
+        try:
+            reply = await sub.queue.get()
+        except asyncio.CancelledError:
+            for rid in sub.request_ids:
+                self.abort(rid)
+            raise
+        if isinstance(reply, BaseException):
+            raise reply
+        return sub
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        self._post(Abort(request_id, reason))
+
+    def _post(self, command: Submission | Abort) -> None:
+        with self._cond:
+            if not self.alive:
+                if isinstance(command, Submission):
+                    raise EngineDead(self.error or "the engine is not running")
+                return
+            self._commands.append(command)
+            self._cond.notify()
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while (commands := self._wait_for_work()) is not None:
+                for command in commands:
+                    self._apply(command)
+                if self.engine.has_unfinished():
+                    self._step()
+                self.metrics.set_state(self.engine.num_running, self.engine.num_waiting, self.engine.kv_usage())
+        except BaseException as exc:  # report any death: /health turns 503 and requests fail fast
+            logger.exception("engine thread died")
+            self.error = f"engine thread died: {type(exc).__name__}: {exc}"
+        finally:
+            with self._cond:
+                self._stopping = True
+                pending, self._commands = self._commands, []
+            dead = EngineDead(self.error or "the server is shutting down")
+            subs = {s for s in pending if isinstance(s, Submission)} | {s for s, _ in self._routes.values()}
+            for sub in subs:
+                self._deliver(sub, dead)
+
+    def _wait_for_work(self) -> list[Submission | Abort] | None:
+        with self._cond:
+            if not self._commands and not self._stopping:
+                if not self.engine.has_unfinished():
+                    self._cond.wait_for(lambda: self._commands or self._stopping)
+                elif not self._progress:
+                    self._cond.wait(STALL_WAIT_S)
+            if self._stopping:
+                return None
+            commands, self._commands = self._commands, []
+            return commands
+
+    def _apply(self, command: Submission | Abort) -> None:
+        if isinstance(command, Abort):
+            request = self.engine.requests.get(command.request_id)
+            if self._routes.pop(command.request_id, None) and request is not None:
+                self.engine.abort(command.request_id)
+                self.metrics.observe_finished(request.metrics, command.reason)
+            return
+        sub = command
+        if self.engine.num_waiting + len(sub.request_ids) > self.max_waiting:
+            self._deliver(sub, QueueFull(f"the waiting queue is full ({self.max_waiting} requests)"))
+            return
+        try:
+            for index, (rid, prompt, params) in enumerate(zip(sub.request_ids, sub.prompts, sub.params,
+                                                             strict=True)):
+                self.engine.add_request(prompt, params, request_id=rid, arrival_time=sub.arrival_time)
+                self._routes[rid] = (sub, index)
+        except ValueError as exc:
+            for rid in sub.request_ids:
+                if self._routes.pop(rid, None):
+                    self.engine.abort(rid)
+            self._deliver(sub, exc)
+            return
+        self._deliver(sub, None)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            logger.exception("engine.step failed; failing the requests in the engine")
+            self.metrics.engine_errors.inc()
+            self._fail_all(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
+            return
+        # Take the iteration's BatchRecords over: a long-running server must not keep them all.
+        records, self.engine.batch_records = self.engine.batch_records, []
+        self._progress = bool(records)
+        for record in records:
+            self.metrics.observe_iteration(record)
+        batches: dict[Submission, list[tuple[int, RequestOutput]]] = {}
+        for out in outputs:
+            self.metrics.observe_output(out)
+            route = self._routes.pop(out.request_id) if out.finished else self._routes.get(out.request_id)
+            if route is not None:
+                batches.setdefault(route[0], []).append((route[1], out))
+        for sub, batch in batches.items():
+            self._deliver(sub, batch)
+
+    def _fail_all(self, error: Exception) -> None:
+        subs = {sub for sub, _ in self._routes.values()}
+        for rid in list(self._routes):
+            self.engine.abort(rid)
+        self._routes.clear()
+        for sub in subs:
+            self._deliver(sub, error)
+
+    def _deliver(self, sub: Submission, item: object) -> None:
+        try:
+            sub.loop.call_soon_threadsafe(sub.queue.put_nowait, item)
+        except RuntimeError:  # its event loop is closed: nobody is listening any more
+            for rid in sub.request_ids:
+                if self._routes.pop(rid, None):
+                    self.engine.abort(rid)

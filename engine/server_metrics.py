@@ -1,0 +1,101 @@
+"""Prometheus metrics of one server (its own CollectorRegistry), with vLLM's metric names."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine.outputs import BatchRecord, RequestOutput
+from engine.request import RequestMetrics
+
+FINISH_REASONS = ("stop", "length", "abort")
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class ServerMetrics:
+    """Engine-side series are updated by the engine thread, HTTP series by the event loop
+    (prometheus_client is thread-safe)."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def child(metric):
+            return metric.labels(model_name=model_name)
+
+        self.num_running = child(Gauge("vllm:num_requests_running", "Requests in the running batch.",
+                                       labels, registry=r))
+        self.num_waiting = child(Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+                                       labels, registry=r))
+        self.kv_usage = child(Gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
+                                    labels, registry=r))
+        success = Counter("vllm:request_success", "Finished requests by finish reason.",
+                          labels + ["finished_reason"], registry=r)
+        self.finished = {reason: success.labels(model_name=model_name, finished_reason=reason)
+                         for reason in FINISH_REASONS}
+        self.prompt_tokens = child(Counter("vllm:prompt_tokens", "Prompt tokens of requests that got their "
+                                           "first token.", labels, registry=r))
+        self.generation_tokens = child(Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r))
+        self.preemptions = child(Counter("vllm:num_preemptions", "Preemptions (by recompute).", labels,
+                                         registry=r))
+        self.ttft = child(Histogram("vllm:time_to_first_token_seconds", "Time to first token (server side).",
+                                    labels, buckets=TTFT_BUCKETS, registry=r))
+        self.tbt = child(Histogram("vllm:inter_token_latency_seconds", "Time between consecutive output "
+                                   "tokens (TBT).", labels, buckets=TBT_BUCKETS, registry=r))
+        self.e2e = child(Histogram("vllm:e2e_request_latency_seconds", "Arrival to finish of requests that "
+                                   "finished with stop or length.", labels, buckets=E2E_BUCKETS, registry=r))
+        self.queue_time = child(Histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.",
+                                          labels, buckets=E2E_BUCKETS, registry=r))
+        self.iterations = child(Counter("stallfree:iterations", "Engine iterations.", labels, registry=r))
+        self.iteration_prefill_tokens = child(Counter(
+            "stallfree:iteration_prefill_tokens", "Prefill tokens computed by engine iterations (recomputes "
+            "after preemption included).", labels, registry=r))
+        self.iteration_decode_tokens = child(Counter(
+            "stallfree:iteration_decode_tokens", "Decode tokens computed by engine iterations.", labels,
+            registry=r))
+        self.engine_errors = child(Counter("stallfree:engine_step_errors", "Exceptions raised by engine.step.",
+                                           labels, registry=r))
+        self.http_requests = Counter("stallfree:http_requests", "HTTP responses by path and status code.",
+                                     ["path", "status_code"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def set_state(self, num_running: int, num_waiting: int, kv_usage: float) -> None:
+        self.num_running.set(num_running)
+        self.num_waiting.set(num_waiting)
+        self.kv_usage.set(kv_usage)
+
+    def observe_iteration(self, record: BatchRecord) -> None:
+        self.iterations.inc()
+        self.iteration_prefill_tokens.inc(record.num_prefill_tokens)
+        self.iteration_decode_tokens.inc(record.num_decode_tokens)
+        self.preemptions.inc(record.num_preemptions)
+
+    def observe_output(self, out: RequestOutput) -> None:
+        """One step's output of a request (one new token)."""
+        m = out.metrics
+        self.generation_tokens.inc(len(out.new_token_ids))
+        if len(out.token_ids) == len(out.new_token_ids):  # the first token(s)
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+            self.ttft.observe(m.first_token_time - m.arrival_time)
+            self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+        elif len(m.token_times) >= 2:
+            self.tbt.observe(m.token_times[-1] - m.token_times[-2])
+        if out.finished:
+            self.observe_finished(m, out.finish_reason)
+
+    def observe_finished(self, m: RequestMetrics, reason: str) -> None:
+        self.finished[reason].inc()
+        if reason != "abort" and m.finish_time is not None:
+            self.e2e.observe(m.finish_time - m.arrival_time)
+
+    # -- event loop --------------------------------------------------------------------------------
+
+    def observe_http(self, path: str, status_code: int) -> None:
+        self.http_requests.labels(path=path, status_code=str(status_code)).inc()
