@@ -38,7 +38,7 @@ METRICS = ("ttft", "tpot", "itl", "tbt", "e2el", "normalized_latency", "scheduli
 
 def iteration_s(prefill_tokens: int, decode_tokens: int) -> float:
     """Toy cost model: fixed overhead + per prefill token + per decode token."""
-    return 0.010 + 8e-5 * prefill_tokens + 2.5e-4 * decode_tokens
+    return 0.010 + 1.2e-4 * prefill_tokens + 2.5e-4 * decode_tokens
 
 
 @dataclass
@@ -108,8 +108,9 @@ def _simulate(scheduler: str, chunk: int | None, requests: list[_Request]) -> pd
         if not units:
             t = pending[0].arrival
             continue
-        n_prefill = sum(n for r, n in units if r.in_prefill)
-        n_decode = sum(n for r, n in units if not r.in_prefill)
+        n_prefill_seqs = sum(req.in_prefill for req, _ in units)
+        n_prefill = sum(n for req, n in units if req.in_prefill)
+        n_decode = len(units) - n_prefill_seqs
         end = t + iteration_s(n_prefill, n_decode)
         for req, n in units:
             req.first_scheduled = req.first_scheduled if req.first_scheduled is not None else t
@@ -120,10 +121,9 @@ def _simulate(scheduler: str, chunk: int | None, requests: list[_Request]) -> pd
         rows.append({
             "iteration": len(rows), "start_time": EPOCH + t, "end_time": EPOCH + end,
             "num_prefill_tokens": n_prefill, "num_decode_tokens": n_decode,
-            "num_prefill_seqs": sum(1 for r, n in units if n > 1 or r.computed <= r.prompt),
-            "num_decode_seqs": sum(1 for r, n in units if n == 1 and r.computed > r.prompt),
+            "num_prefill_seqs": n_prefill_seqs, "num_decode_seqs": n_decode,
             "num_preemptions": 0,
-            "num_kv_blocks_used": sum(-(-(r.computed + len(r.token_times)) // 16) for r in running),
+            "num_kv_blocks_used": sum(-(-r.computed // 16) for r in running),
             "num_waiting": len(waiting), "num_running": len(running),
         })
         t = end
@@ -131,19 +131,20 @@ def _simulate(scheduler: str, chunk: int | None, requests: list[_Request]) -> pd
 
 
 def _request_rows(requests: list[_Request], seed: int) -> pd.DataFrame:
-    """Client/server view: 0.2-0.7 ms network delay, first request is warmup, one failed request."""
+    """Client/server view of the simulated requests: 0.2-0.7 ms network delay each way, the first
+    request is warmup, one extra request failed."""
     rng = np.random.default_rng(seed)
     rows = []
     for i, req in enumerate(requests):
-        lag = float(rng.uniform(0.0002, 0.0007))
+        net = float(rng.uniform(0.0002, 0.0007))
         server = [EPOCH + x for x in req.token_times]
-        client = [x + lag for x in server]
+        client = [x + net for x in server]
         rows.append({
             "request_id": req.request_id, "status": "ok", "error": None, "is_warmup": i == 0,
             "prompt_tokens": req.prompt, "max_tokens": req.output, "output_tokens": len(client),
-            "intended_send_time": EPOCH + req.arrival, "send_time": EPOCH + req.arrival + lag / 2,
+            "intended_send_time": EPOCH + req.arrival - net, "send_time": EPOCH + req.arrival - net / 2,
             "first_token_time": client[0], "finish_time": client[-1], "token_times": client,
-            "server_arrival_time": EPOCH + req.arrival + lag,
+            "server_arrival_time": EPOCH + req.arrival,
             "server_first_scheduled_time": EPOCH + req.first_scheduled,
             "server_finish_time": server[-1], "server_token_times": server, "num_preemptions": 0,
         })
@@ -156,7 +157,7 @@ def _request_rows(requests: list[_Request], seed: int) -> pd.DataFrame:
         "server_first_scheduled_time": None, "server_finish_time": None, "server_token_times": [],
         "num_preemptions": None,
     })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype({"num_preemptions": "Int64"})
 
 
 def _stats(name: str, values_s: np.ndarray) -> dict[str, float]:

@@ -1,0 +1,106 @@
+"""`stallfree-report RESULTS_DIR`: execute the analysis notebooks on a results set and render one HTML
+report (RESULTS_DIR/report.html, code hidden), PNG figures (RESULTS_DIR/figures/) and the executed
+notebooks (RESULTS_DIR/notebooks/)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbconvert import HTMLExporter
+from traitlets import default
+
+import analysis
+
+NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
+SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls"}
+
+
+class ThisPythonKernelManager(AsyncKernelManager):
+    """Starts the notebooks' `python3` kernel with this interpreter (sys.executable), so a fresh venv
+    needs no `ipykernel install` and user- or system-wide kernel specs cannot point elsewhere. Talks
+    to it over IPC sockets (local, no unencrypted TCP ports)."""
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"
+
+    @default("kernel_spec_manager")
+    def _kernel_spec_manager_default(self) -> KernelSpecManager:
+        return KernelSpecManager(kernel_dirs=[])  # no spec dirs: falls back to ipykernel's own spec
+
+
+def execute_notebook(name: str, results_dir: str | Path, output_dir: str | Path, **parameters: Any) -> Path:
+    """Runs analysis/notebooks/<name>.ipynb with papermill (`results_dir` plus `parameters`) and
+    returns the executed copy, OUTPUT_DIR/<name>.ipynb. Raises papermill.PapermillExecutionError."""
+    output = Path(output_dir) / f"{name}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    papermill.execute_notebook(
+        NOTEBOOK_DIR / f"{name}.ipynb", output,
+        parameters={"results_dir": str(Path(results_dir).resolve()), **parameters},
+        kernel_name="python3", kernel_manager_class=ThisPythonKernelManager, progress_bar=False,
+        cwd=Path(analysis.__file__).resolve().parents[1],  # the kernel imports this same `analysis`
+        # cell errors still fail the run; this only mutes the kernel's own log, which reports the
+        # interrupt jupyter_client sends at every shutdown as "KeyboardInterrupt caught in kernel"
+        extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    return output
+
+
+def render_html(notebooks: list[Path], output: str | Path, title: str) -> Path:
+    """One HTML page from executed notebooks, in order, without code cells' input or stderr."""
+    executed = [nbformat.read(path, as_version=4) for path in notebooks]
+    cells = [nbformat.v4.new_markdown_cell(f"*{title}*")]
+    for notebook in executed:
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                cell.outputs = [o for o in cell.outputs if o.get("name") != "stderr"]
+            cells.append(cell)
+    merged = nbformat.v4.new_notebook(cells=cells, metadata=executed[0].metadata)
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    html, _ = exporter.from_notebook_node(merged, resources={"metadata": {"name": title}})
+    Path(output).write_text(html, encoding="utf-8")
+    return Path(output)
+
+
+def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
+                 relaxed_slo_tbt_ms: float | None = None, qps: float | None = None) -> Path:
+    """Executes every notebook of `SECTIONS` on RESULTS_DIR and writes RESULTS_DIR/report.html."""
+    results_dir = Path(results_dir)
+    common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms,
+              "figures_dir": str((results_dir / "figures").resolve())}
+    extra = {"stalls": {"qps": qps}}
+    executed = [execute_notebook(name, results_dir, results_dir / "notebooks", **common,
+                                 **extra.get(name, {})) for name in SECTIONS]
+    return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stallfree-report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results_dir", type=Path, help="a results root (results/) or one experiment dir")
+    parser.add_argument("--slo-tbt-ms", type=float, help="strict TBT SLO (ms); default 5x decode iteration")
+    parser.add_argument("--relaxed-slo-tbt-ms", type=float, help="relaxed TBT SLO (ms); default 25x")
+    parser.add_argument("--qps", type=float, help="QPS of the runs in the stall timeline")
+    args = parser.parse_args(argv)
+    if not args.results_dir.is_dir():
+        print(f"stallfree-report: error: results directory not found: {args.results_dir}", file=sys.stderr)
+        return 2
+    try:
+        report = build_report(args.results_dir, slo_tbt_ms=args.slo_tbt_ms,
+                              relaxed_slo_tbt_ms=args.relaxed_slo_tbt_ms, qps=args.qps)
+    except papermill.PapermillExecutionError as err:
+        print(f"stallfree-report: error: a notebook failed: {err.ename}: {err.evalue}\n"
+              f"  see the executed notebooks in {args.results_dir / 'notebooks'}", file=sys.stderr)
+        return 1
+    figures = sorted((args.results_dir / "figures").glob("*.png"))
+    print(f"report:  {report}\nfigures: {args.results_dir / 'figures'}/ ({len(figures)} PNG)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
