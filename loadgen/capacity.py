@@ -1,0 +1,144 @@
+"""Capacity search (DESIGN.md section 5): the highest QPS whose run has P99 TBT <= the SLO and P50
+scheduling delay <= a bound (2 s), with no failed request.
+
+From ``capacity.start_qps`` the search doubles (or halves) until it has a passing ``lo`` and a
+failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is a cached run of
+``stallfree-bench`` (loadgen.bench.run_point), so an interrupted search resumes where it stopped.
+Invariant: every passing point is <= lo < hi <= every failing point. Results go to
+``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, slo_name,
+slo_tbt_ms, capacity_qps, ..., points} rebuilt from one file per search in ``.capacity/``.
+
+``stallfree-capacity ARGS`` is ``stallfree-bench +experiment=capacity ARGS``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from loadgen import bench
+from loadgen.results import make_run_id
+
+RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
+
+
+@dataclass
+class Point:
+    qps: float
+    passed: bool
+    p99_tbt_ms: float | None
+    median_scheduling_delay_ms: float | None
+    failed: int
+    run_id: str | None = None
+
+
+@dataclass
+class Search:
+    capacity_qps: float  # the highest passing qps; 0.0 when none passed
+    lo_qps: float | None  # highest passing point
+    hi_qps: float | None  # lowest failing point (None: max_qps passed, the capacity is a lower bound)
+    points: list[Point]  # in the order measured
+
+    @property
+    def bracketed(self) -> bool:
+        return self.lo_qps is not None and self.hi_qps is not None
+
+
+def _round(qps: float) -> float:
+    """Three significant digits, so the run ids of bisection points stay short and stable."""
+    return float(f"{qps:.3g}")
+
+
+def search(measure: Callable[[float], Point], start_qps: float, min_qps: float, max_qps: float,
+           tolerance: float) -> Search:
+    """Bracket by doubling / halving from start_qps within [min_qps, max_qps], then bisect."""
+    points: list[Point] = []
+    lo = hi = None
+
+    def probe(qps: float) -> None:
+        nonlocal lo, hi
+        point = measure(qps)
+        points.append(point)
+        if point.passed:
+            lo = qps
+        else:
+            hi = qps
+
+    qps = _round(start_qps)
+    probe(qps)
+    while hi is None and qps < max_qps:
+        qps = _round(min(2 * qps, max_qps))
+        probe(qps)
+    while lo is None and qps > min_qps:
+        qps = _round(max(qps / 2, min_qps))
+        probe(qps)
+    while lo is not None and hi is not None and hi - lo > tolerance * lo:
+        mid = _round((lo + hi) / 2)
+        if not lo < mid < hi:
+            break
+        probe(mid)
+    return Search(lo or 0.0, lo, hi, points)
+
+
+def point_from_summary(summary: dict, slo_tbt_ms: float, max_delay_ms: float) -> Point:
+    p99, delay, failed = summary["p99_tbt_ms"], summary["median_scheduling_delay_ms"], summary["failed"]
+    passed = (failed == 0 and p99 is not None and p99 <= slo_tbt_ms
+              and (delay is None or delay <= max_delay_ms))
+    return Point(summary["qps"], passed, p99, delay, failed, summary["run_id"])
+
+
+def _write_atomic(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
+    """exp_dir/capacity.json from the per-search records in exp_dir/.capacity/."""
+    records = [json.loads(p.read_text()) for p in sorted((exp_dir / ".capacity").glob("*.json"))]
+    _write_atomic(exp_dir / "capacity.json", records)
+    return records
+
+
+def run_search(cfg: DictConfig) -> dict:
+    """Search the capacity of the config's scheduler / chunk size under its SLO; record and return it."""
+    c = cfg.capacity
+    exp_dir = Path(cfg.results_dir) / cfg.experiment_name
+    slo = bench.resolve_slo(cfg, exp_dir)
+    max_delay_ms = c.max_p50_scheduling_delay_s * 1e3
+
+    def measure(qps: float) -> Point:
+        point_cfg = cfg.copy()
+        point_cfg.qps = qps
+        point = point_from_summary(bench.run_point(point_cfg, capacity_slo=cfg.slo.name), slo["slo_tbt_ms"],
+                                   max_delay_ms)
+        print(f"  qps {qps:g}: {'pass' if point.passed else 'fail'}", flush=True)
+        return point
+
+    result = search(measure, c.start_qps, c.min_qps, c.max_qps, c.tolerance)
+    plan = bench.plan_run(cfg, capacity_slo=cfg.slo.name)
+    record = {"scheduler": cfg.scheduler.name, "chunk_size": bench.chunk_size(cfg), **slo,
+              "capacity_qps": result.capacity_qps, "bracketed": result.bracketed, "lo_qps": result.lo_qps,
+              "hi_qps": result.hi_qps, "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": c.tolerance,
+              **{k: plan.params[k] for k in RUN_PARAMS},
+              "points": [asdict(p) for p in result.points]}
+    key = make_run_id({"scheduler": cfg.scheduler.name, "chunk_size": bench.chunk_size(cfg),
+                       "slo": cfg.slo.name, "cfg": plan.digest})
+    _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
+    rebuild_capacity_json(exp_dir)
+    bound = "" if result.bracketed else " (max_qps passed)" if result.lo_qps else " (none passed)"
+    print(f"[capacity] {cfg.scheduler.name} chunk_size={bench.chunk_size(cfg)} slo={cfg.slo.name} "
+          f"({slo['slo_tbt_ms']:.0f} ms): {result.capacity_qps:g} qps{bound}, {len(result.points)} points",
+          flush=True)
+    return record
+
+
+def main() -> None:
+    sys.argv[1:1] = ["+experiment=capacity"]
+    bench.main()

@@ -1,0 +1,169 @@
+"""Bench config validation: every config error becomes one line naming the key (exit code 2).
+
+``validate_cli`` composes the config of every value a command line sweeps (each swept value once,
+not the whole product), including the sweep presets of ``+experiment=...``, and checks each one, so a
+sweep fails before its first run instead of Hydra printing a multi-line report or a traceback.
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_NAME = "bench"
+MODES = ("run", "capacity")
+STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message starts with the key."""
+
+
+def _need(ok: bool, key: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ConfigError(f"{key} must be {rule}, got {value!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not (optional and value is None):
+        _need(_is_number(value) and value > 0, key, "a number > 0" + (" or null" if optional else ""), value)
+
+
+def check(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first bad setting of a composed bench config."""
+    missing = _missing_keys(OmegaConf.to_container(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} is required (set {missing[0]}=...)")
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
+    _need(cfg.mode in MODES, "mode", f"one of {list(MODES)}", cfg.mode)
+    _positive(cfg, "qps")
+    for key in ("chunk_size", "num_requests"):
+        _need(_is_int(cfg[key]) and cfg[key] >= 1, key, "an integer >= 1", cfg[key])
+    _need(_is_int(cfg.seed), "seed", "an integer", cfg.seed)
+    _need(_is_int(cfg.warmup) and 0 <= cfg.warmup < cfg.num_requests, "warmup",
+          f"an integer in [0, num_requests={cfg.num_requests})", cfg.warmup)
+    path = cfg.model.get("path")
+    _need(path is None or Path(path).expanduser().is_dir(), "model.path", "a checkpoint directory", path)
+    _positive(cfg, "model.kv_memory_gib")
+    _positive(cfg, "slo.tbt_ms", optional=True)
+    _positive(cfg, "slo.tbt_multiple")
+    _positive(cfg, "slo.ttft_ms", optional=True)
+    _positive(cfg, "target.timeout_s")
+    cap = OmegaConf.select(cfg, "target.max_in_flight")
+    _need(cap is None or (_is_int(cap) and cap >= 1), "target.max_in_flight", "an integer >= 1 or null", cap)
+    for key in ("num_seqs", "prompt_tokens", "output_tokens"):
+        value = cfg.decode_probe[key]
+        _need(_is_int(value) and value >= 1, f"decode_probe.{key}", "an integer >= 1", value)
+    for key in ("start_qps", "min_qps", "max_qps", "tolerance", "max_p50_scheduling_delay_s"):
+        _positive(cfg, f"capacity.{key}")
+    c = cfg.capacity
+    _need(c.min_qps <= c.start_qps <= c.max_qps, "capacity.start_qps",
+          f"within [capacity.min_qps={c.min_qps}, capacity.max_qps={c.max_qps}]", c.start_qps)
+    _check_workload(cfg)
+
+
+def _missing_keys(node, prefix: str = "") -> list[str]:
+    """Keys left at ``???``, without resolving interpolations (which would fail on them first)."""
+    if isinstance(node, dict):
+        return [k for key, value in node.items() for k in _missing_keys(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")] if node == "???" else []
+
+
+def _check_workload(cfg: DictConfig) -> None:
+    from loadgen.workload import build_workload
+
+    try:
+        build_workload(OmegaConf.to_container(cfg.arrival, resolve=True),
+                       OmegaConf.to_container(cfg.workload.lengths, resolve=True), cfg.num_requests,
+                       cfg.seed, STAND_IN_VOCAB, cfg.workload.max_total_tokens)
+    except ValueError as e:
+        message = str(e)  # "lengths.*" and "max_total_tokens" live in the workload group
+        prefix = "workload." if message.startswith(("lengths", "max_total")) else ""
+        raise ConfigError(prefix + message) from None
+
+
+# ------------------------------------------------------------------------------------- command line
+
+
+def _overrides(argv: Sequence[str]) -> list[str]:
+    """The ``key=value`` overrides of a command line, without Hydra's own (hydra.*, hydra/...)."""
+    return [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+
+
+def _variants(overrides: list[str]) -> list[list[str]]:
+    """One override list per swept value: every other sweep at its first value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for override in overrides:
+        try:
+            parsed += parser.parse_overrides([override])
+        except HydraException as e:
+            raise ConfigError(f"{override}: {str(e).splitlines()[0]}") from None
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [o.input_line] for o in parsed]
+    base = [values[0] for values in choices]
+    variants = [base]
+    for i, values in enumerate(choices):
+        variants += [[*base[:i], value, *base[i + 1:]] for value in values[1:]]
+    return variants
+
+
+def _composition_error(e: Exception) -> ConfigError:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        return ConfigError(f"{group}: unknown option {option!r} (choose from: {', '.join(e.options)})")
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    match = re.match(r"Could not override '([^']+)'", lines[0]) if lines else None
+    if match and len(lines) > 1 and lines[1].startswith("To append"):
+        return ConfigError(f"{match.group(1)}: unknown key ({lines[1]})")
+    return ConfigError(" ".join(lines).split(" Config search path:")[0] or type(e).__name__)
+
+
+def validate_cli(argv: Sequence[str]) -> None:
+    """Compose and check the configs a command line would run; raise ConfigError on the first problem."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="stallfree-bench"):
+        try:
+            cli = _overrides(argv)
+            preset = OmegaConf.select(compose(CONFIG_NAME, _variants(cli)[0], return_hydra_config=True),
+                                      "hydra.sweeper.params") or {}
+            cli_keys = {o.split("=", 1)[0].lstrip("+~") for o in cli}
+            swept = [f"{key}={value}" for key, value in preset.items() if key not in cli_keys]
+            for overrides in _variants(cli + swept):
+                check(compose(CONFIG_NAME, overrides))
+        except (HydraException, OmegaConfBaseException) as e:
+            raise _composition_error(e) from None
+
+
+def exit_on_config_error(prog: str, fn: Callable[[], None]) -> None:
+    """Run ``fn``; a ConfigError is printed as one line on stderr and exits with status 2."""
+    try:
+        fn()
+    except ConfigError as e:
+        print(f"{prog}: config error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,111 @@
+"""``target=locust`` of stallfree-bench: the run's requests are sent by a headless Locust run
+(loadgen/locustfile.py, OpenLoopUser) against a ``stallfree-serve`` the bench starts (``target.url:
+null``, as for target=http) or a running server (``target.url``).
+
+Locust gets the run's exact requests (``--specs-file``; with ``target.workers`` > 1 one master and that
+many worker processes, worker i sending every W-th request) and ends once all of them have ended. Its
+raw rows become requests.parquet / summary.json as for the other targets; its own outputs (CSV, HTML
+report, log, raw rows) go to ``<run_dir>/locust/``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from loadgen import bench
+from loadgen.workload import RequestSpec
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+OUTPUT_DIR = "locust"  # Locust's outputs, in the run directory
+
+
+def read_rows(rows_dir: Path) -> list[dict]:
+    """The raw rows every process of a Locust run wrote to rows_dir (``--rows-dir``)."""
+    return [json.loads(line) for path in sorted(Path(rows_dir).glob("rows-*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: str, workers: int = 1,
+               timeout_s: float = 600.0, max_in_flight: int | None = None) -> list[dict]:
+    """Send ``specs`` open loop with a headless Locust run; return one row per spec, in order.
+
+    out_dir receives specs.jsonl, rows/, Locust's locust_*.csv and locust.html, and locust.log.
+    ``max_in_flight`` caps each Locust process; arrivals over it are dropped (status aborted).
+    Raises RuntimeError when Locust fails or a request ends without a row.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs_file = out_dir / "specs.jsonl"
+    specs_file.write_text("".join(json.dumps(dataclasses.asdict(spec)) + "\n" for spec in specs))
+    # the run ends by itself once every request has ended; --run-time is only a safety net
+    run_time = math.ceil(max(spec.send_offset_s for spec in specs) + timeout_s + 60)
+    exe = Path(sys.executable).with_name("locust")
+    command = [str(exe) if exe.exists() else "locust", "-f", str(LOCUSTFILE), "OpenLoopUser", "--headless",
+               "--host", url, "--users", str(workers), "--spawn-rate", str(workers), "--run-time", f"{run_time}s",
+               "--specs-file", str(specs_file), "--rows-dir", str(out_dir / "rows"), "--model", model,
+               "--request-timeout", str(timeout_s), "--max-in-flight", str(max_in_flight or 0),
+               "--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust.html"),
+               "--only-summary", "--exit-code-on-error", "0"]
+    if workers > 1:
+        command += ["--processes", str(workers)]
+    log_path = out_dir / "locust.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=run_time + 120)
+        finally:
+            if proc.poll() is None:  # timed out or interrupted: stop the master and its workers
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    rows = {row["request_id"]: row for row in read_rows(out_dir / "rows")}
+    missing = sum(spec.request_id not in rows for spec in specs)
+    if returncode or missing:
+        raise RuntimeError(f"locust exited with status {returncode}, {missing} of {len(specs)} requests "
+                           f"without a row (log: {log_path})")
+    return [rows[spec.request_id] for spec in specs]
+
+
+class LocustTarget:
+    """The bench Target of target=locust (see the module docstring)."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        t = cfg.target
+        self.server = (bench.start_server(cfg, log_dir) if t.url is None
+                       else bench.HttpTarget(cfg, t.url.rstrip("/"), t.served_model))
+        self.vocab_size = self.server.vocab_size
+        self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
+        self.work_dir = log_dir / "locust"
+        self.output: Path | None = None  # the last replay's outputs, until move_output claims them
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int,
+               progress: Callable[[dict], None] | None) -> tuple[list[dict], None]:
+        if self.output is not None:  # a warm-up or probe replay's, never claimed
+            shutil.rmtree(self.output, ignore_errors=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
+        rows = run_locust(self.server.url, specs, self.output, model=self.server.served_model,
+                          workers=self.workers, timeout_s=self.timeout_s, max_in_flight=self.max_in_flight)
+        for i, row in enumerate(rows):
+            row["is_warmup"] = i < warmup
+            if progress is not None:
+                progress(row)
+        return rows, None
+
+    def move_output(self, run_dir: Path) -> None:
+        """Move the last replay's Locust outputs into ``run_dir/locust/``."""
+        shutil.rmtree(run_dir / OUTPUT_DIR, ignore_errors=True)
+        shutil.move(self.output, run_dir / OUTPUT_DIR)
+        self.output = None
+
+    def close(self) -> None:
+        self.server.close()

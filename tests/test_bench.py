@@ -1,0 +1,129 @@
+"""stallfree-bench end to end on tiny: sweeps (in-process and HTTP), resume, a killed run, config errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from loadgen.config_check import ConfigError, validate_cli
+from loadgen.results import REQUESTS_SCHEMA
+
+BENCH = Path(sys.executable).parent / "stallfree-bench"
+SWEEP = ["-m", "scheduler=vllm,sarathi", "chunk_size=128,256", "qps=4,8", "workload=fixed",
+         "workload.lengths.prompt=32", "workload.lengths.output=8", "num_requests=4"]
+UNIQUE_RUNS = 6  # vllm ignores chunk_size: its two chunk sizes are one run per qps
+
+
+def bench(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([BENCH, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"})
+
+
+def run_dirs(exp_dir: Path) -> list[Path]:
+    return sorted(p for p in exp_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def check_sweep(exp_dir: Path, target: str, with_batches: bool) -> None:
+    dirs = run_dirs(exp_dir)
+    assert len(dirs) == UNIQUE_RUNS
+    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    sarathi = {("sarathi", c, q) for c in (128, 256) for q in (4.0, 8.0)}
+    assert {(s["scheduler"], s["chunk_size"], s["qps"]) for s in summaries} == {
+        ("vllm", None, 4.0), ("vllm", None, 8.0), *sarathi}
+    for d, s in zip(dirs, summaries, strict=True):
+        assert s["run_id"] == d.name and s["experiment"] == exp_dir.name and s["target"] == target
+        assert s["completed"] == 4 and s["failed"] == 0 and s["slo_tbt_ms"] > 0
+        requests = pd.read_parquet(d / "requests.parquet")
+        assert list(requests.columns) == REQUESTS_SCHEMA.names and (requests["output_tokens"] == 8).all()
+        config = yaml.safe_load((d / "config.yaml").read_text())
+        assert config["scheduler"]["name"] == s["scheduler"] and config["qps"] == s["qps"]
+        assert config["workload"]["lengths"] == {"kind": "fixed", "prompt": 32, "output": 8}
+        assert (d / "batches.parquet").is_file() == with_batches
+    table = pd.read_parquet(exp_dir / "summary.parquet")
+    assert sorted(table["run_id"]) == [d.name for d in dirs]
+
+
+def test_inprocess_sweep_survives_a_kill_and_resumes(tmp_path):
+    args = [*SWEEP, "experiment_name=sweep", f"results_dir={tmp_path / 'results'}"]
+    exp_dir = tmp_path / "results" / "sweep"
+    proc = subprocess.Popen([BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (exp_dir.is_dir() and run_dirs(exp_dir)) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the sweep ended before it was killed"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    completed = run_dirs(exp_dir)
+    assert 1 <= len(completed) < UNIQUE_RUNS
+    assert all((d / "summary.json").is_file() for d in completed)  # the killed run left no run dir
+
+    resumed = bench(args, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("[done]") == UNIQUE_RUNS - len(completed)
+    for d in completed:
+        assert f"[cached] {d.name}" in resumed.stdout
+    check_sweep(exp_dir, "inprocess", with_batches=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]  # no Hydra outputs in the cwd
+
+    again = bench(args, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("[cached]") == 8 and "[done]" not in again.stdout
+
+
+def test_http_sweep_restarts_the_server_only_for_server_knobs(tmp_path):
+    args = [*SWEEP, "target=http", "experiment_name=http", f"results_dir={tmp_path}"]
+    done = bench(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("[done]") == UNIQUE_RUNS and done.stdout.count("[cached]") == 2
+    exp_dir = tmp_path / "http"
+    check_sweep(exp_dir, "http", with_batches=False)
+    logs = sorted((exp_dir / ".logs").glob("server-*.log"))
+    assert len(logs) == 3  # vllm (any chunk size), sarathi-128, sarathi-256
+    for log in logs:
+        lines = log.read_text().splitlines()
+        assert "stallfree-serve ready" in lines[0] and lines[-1] == "stallfree-serve: stopped"
+
+    again = bench(args, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("[cached]") == 8 and len(list((exp_dir / ".logs").glob("*.log"))) == 3
+
+
+@pytest.mark.parametrize("args, key", [
+    (["scheduler=nope"], "scheduler: unknown option 'nope'"),
+    (["-m", "qps=1,-2"], "qps must be a number > 0, got -2"),
+    (["workload.lengths.name=missing_trace"], "workload.lengths.name: trace name 'missing_trace'"),
+    (["no_such_key=1"], "no_such_key: unknown key"),
+])
+def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
+    done = bench([*args, f"results_dir={tmp_path}"], tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"stallfree-bench: config error: {key}")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["+experiment=pareto", "model=path"], "model.path is required"),
+    (["+experiment=pareto", "scheduler=sarathi", "chunk_size=0"], "chunk_size must be an integer >= 1"),
+    (["+experiment=capacity", "capacity.start_qps=1000"], "capacity.start_qps must be within"),
+    (["target=url"], "target.url is required"),
+    (["arrival=trace", "arrival.name=/no/such.csv"], "arrival.name: trace name '/no/such.csv'"),
+    (["qps=[1"], "qps=[1: "),
+])
+def test_validate_cli_checks_every_swept_value(args, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        validate_cli(args)
+
+
+def test_validate_cli_accepts_the_presets():
+    for preset in ("demo", "pareto", "capacity", "stall"):
+        validate_cli([f"+experiment={preset}", "-m"])

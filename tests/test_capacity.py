@@ -1,0 +1,91 @@
+"""Capacity search: bracketing + bisection on a synthetic pass/fail boundary, then a real cheap search."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.capacity import Point, point_from_summary, search
+
+BIN = Path(sys.executable).parent
+
+
+def synthetic(capacity: float, calls: list[float]):
+    def measure(qps: float) -> Point:
+        calls.append(qps)
+        return Point(qps, qps <= capacity, None, None, 0)
+    return measure
+
+
+def assert_monotone(points: list[Point], lo: float | None, hi: float | None) -> None:
+    passed = [p.qps for p in points if p.passed]
+    failed = [p.qps for p in points if not p.passed]
+    assert max(passed, default=0.0) == (lo or 0.0)
+    assert min(failed, default=None) == hi
+    if passed and failed:
+        assert max(passed) < min(failed)
+
+
+@pytest.mark.parametrize("capacity", [0.3, 1.0, 3.7, 11.0, 100.0])
+def test_search_brackets_then_bisects_to_tolerance(capacity):
+    calls: list[float] = []
+    result = search(synthetic(capacity, calls), start_qps=1.0, min_qps=0.05, max_qps=256.0, tolerance=0.1)
+    assert result.bracketed
+    assert result.lo_qps <= capacity < result.hi_qps
+    assert result.hi_qps - result.lo_qps <= 0.1 * result.lo_qps
+    assert result.capacity_qps == result.lo_qps
+    assert [p.qps for p in result.points] == calls and len(set(calls)) == len(calls)
+    assert_monotone(result.points, result.lo_qps, result.hi_qps)
+
+
+def test_search_reports_unbracketed_bounds():
+    everything = search(synthetic(1e9, []), start_qps=1.0, min_qps=0.1, max_qps=8.0, tolerance=0.1)
+    assert (everything.capacity_qps, everything.lo_qps, everything.hi_qps) == (8.0, 8.0, None)
+    assert [p.qps for p in everything.points] == [1.0, 2.0, 4.0, 8.0] and not everything.bracketed
+    nothing = search(synthetic(0.0, []), start_qps=1.0, min_qps=0.2, max_qps=8.0, tolerance=0.1)
+    assert (nothing.capacity_qps, nothing.lo_qps, nothing.hi_qps) == (0.0, None, 0.2)
+
+
+def test_point_passes_only_within_both_bounds_and_without_failures():
+    base = {"qps": 2.0, "run_id": "r", "p99_tbt_ms": 50.0, "median_scheduling_delay_ms": 100.0, "failed": 0}
+    assert point_from_summary(base, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
+    assert not point_from_summary(base, slo_tbt_ms=40.0, max_delay_ms=2000.0).passed
+    assert not point_from_summary(base, slo_tbt_ms=60.0, max_delay_ms=50.0).passed
+    assert not point_from_summary({**base, "failed": 1}, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
+    assert not point_from_summary({**base, "p99_tbt_ms": None}, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
+
+
+def test_capacity_search_on_tiny_inprocess(tmp_path):
+    """One request at a time (max_num_seqs=1), evenly spaced arrivals: the queue, hence the P50
+    scheduling delay, grows past the 50 ms bound once requests arrive faster than they are served
+    (at 512 qps the 16 requests arrive within 30 ms; each takes 8 iterations)."""
+    args = ["scheduler=faster_transformer", "scheduler.max_num_seqs=1", "workload=fixed",
+            "workload.lengths.prompt=32", "workload.lengths.output=8", "arrival=constant", "num_requests=16",
+            "slo=strict", "slo.tbt_ms=60000", "capacity.start_qps=2", "capacity.min_qps=0.25",
+            "capacity.max_qps=512", "capacity.tolerance=0.5", "capacity.max_p50_scheduling_delay_s=0.05",
+            f"results_dir={tmp_path}"]
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    done = subprocess.run([BIN / "stallfree-capacity", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    exp_dir = tmp_path / "capacity"
+    [record] = json.loads((exp_dir / "capacity.json").read_text())
+    assert (record["scheduler"], record["chunk_size"], record["slo_name"], record["slo_tbt_ms"]) == \
+        ("faster_transformer", None, "strict", 60000.0)
+    points = [Point(**p) for p in record["points"]]
+    assert record["bracketed"], points
+    assert record["capacity_qps"] == record["lo_qps"] > 0
+    assert record["hi_qps"] - record["lo_qps"] <= 0.5 * record["lo_qps"]
+    assert_monotone(points, record["lo_qps"], record["hi_qps"])
+    for p in points:  # every point is a complete run of the experiment
+        summary = json.loads((exp_dir / p.run_id / "summary.json").read_text())
+        assert summary["qps"] == p.qps and summary["capacity_search"] == "strict"
+    assert "[capacity] faster_transformer" in done.stdout
+
+    again = subprocess.run([BIN / "stallfree-capacity", *args], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("[cached]") == len(points) and "[done]" not in again.stdout
+    assert json.loads((exp_dir / "capacity.json").read_text()) == [record]
