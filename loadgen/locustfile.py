@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import time
+from argparse import Namespace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,7 @@ import yaml
 from gevent import GreenletExit
 from gevent.pool import Group
 from locust import FastHttpUser, LoadTestShape, events, task
+from locust.argument_parser import LocustArgumentParser
 from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 from locust.exception import StopUser
@@ -66,7 +68,7 @@ WORKLOADS = sorted(p.stem for p in (CONF_DIR / "workload").glob("*.yaml"))
 
 
 @events.init_command_line_parser.add_listener
-def _add_options(parser) -> None:
+def _add_options(parser: LocustArgumentParser) -> None:
     add = parser.add_argument
     add("--workload", choices=WORKLOADS, default="fixed", help="request lengths: conf/workload/<name>.yaml")
     add("--prompt-len", type=int, default=0, help="fixed prompt length (with --max-tokens: fixed lengths, "
@@ -101,7 +103,7 @@ def _numbers(text: str, option: str) -> list[float]:
     return values
 
 
-def _lengths(opts) -> tuple[dict, int | None]:
+def _lengths(opts: Namespace) -> tuple[dict, int | None]:
     """(lengths config, max_total_tokens) of the requests: --workload, or fixed with --prompt-len / --max-tokens."""
     workload = yaml.safe_load((CONF_DIR / "workload" / f"{opts.workload}.yaml").read_text())
     if not (opts.prompt_len or opts.max_tokens):
@@ -110,7 +112,7 @@ def _lengths(opts) -> tuple[dict, int | None]:
     return {**fixed, "prompt": opts.prompt_len or fixed["prompt"], "output": opts.max_tokens or fixed["output"]}, None
 
 
-def generated_specs(opts, index: int, workers: int) -> Iterator[RequestSpec]:
+def generated_specs(opts: Namespace, index: int, workers: int) -> Iterator[RequestSpec]:
     """Process ``index`` of ``workers``: Poisson arrivals at qps / workers (with --step-qps: each step's
     rate for --step-seconds, then the schedule ends), send_offset_s from the test start. Built BLOCK
     requests at a time from seeds (seed, index, step, block); the first request of each block (sent at
@@ -135,7 +137,7 @@ def generated_specs(opts, index: int, workers: int) -> Iterator[RequestSpec]:
             start = specs[-1].send_offset_s
 
 
-def process_specs(opts, index: int, workers: int) -> tuple[Iterator[RequestSpec], int | None]:
+def process_specs(opts: Namespace, index: int, workers: int) -> tuple[Iterator[RequestSpec], int | None]:
     """This process's requests and their number (None: unbounded)."""
     if opts.specs_file:
         lines = Path(opts.specs_file).read_text().splitlines()[index::workers]
@@ -157,7 +159,7 @@ def _read_stream(response, row: dict) -> None:
     """Apply the SSE events of a streaming response to the row as they arrive; raise on failure."""
     if response.status_code != 200:
         if not response.status_code:  # no HTTP response: the connection failed or timed out
-            raise response.error
+            raise getattr(response.error, "original", None) or response.error  # unwrap RetriesExceeded
         raise ResponseError(f"HTTP {response.status_code}: {(response.text or '')[:500]}")
     body = response._response  # geventhttpclient's: readline returns each line as soon as it is in
     while line := body.readline(b"\n"):
@@ -193,8 +195,8 @@ def stream_completion(client: FastHttpSession, spec: RequestSpec, *, model: str,
         row["status"], row["error"] = "error", f"{type(e).__name__}: {e}"
     finally:
         deadline.close()
-        if hasattr(response, "release"):
-            response.release()  # a stream left unfinished closes its connection (the server aborts it)
+        if getattr(response, "_response", None) is not None:  # None: no HTTP response at all
+            response._response.release()  # an unfinished stream closes its connection (the server aborts it)
     row["finish_time"] = time.time()
     if row["token_times"]:
         row["first_token_time"] = row["token_times"][0]
