@@ -1,4 +1,4 @@
-"""Locust load test for stallfree-serve or any OpenAI-compatible completions server (docs/locust.md):
+"""Locust load test for stallfree-serve or any OpenAI-compatible completions server (README: "Exploring with the Locust web UI"):
 
     locust -f loadgen/locustfile.py --host http://127.0.0.1:8000 OpenLoopUser --qps 4 --workload arxiv
 

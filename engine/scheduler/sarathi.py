@@ -1,0 +1,17 @@
+"""Sarathi-Serve: chunked prefills with stall-free batching."""
+from __future__ import annotations
+
+from engine.scheduler.base import Batch, Scheduler, register
+
+
+@register
+class SarathiScheduler(Scheduler):
+    """Stall-free batching: every decode each iteration, prefill chunks fill the rest of ``chunk_size``."""
+
+    name = "sarathi"
+
+    def schedule(self, now: float) -> Batch:
+        batch = Batch()
+        self.schedule_decodes(batch)
+        self.schedule_prefill_chunks(batch, self.config.chunk_size - len(batch.units), now)
+        return batch
