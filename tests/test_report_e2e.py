@@ -1,0 +1,43 @@
+"""The report end to end: a short real sweep on `tiny` (stallfree-bench), then every notebook on it."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from analysis import report
+from test_analysis import FIGURES
+
+BENCH = Path(sys.executable).parent / "stallfree-bench"
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("e2e")
+    args = ["-m", "scheduler=vllm,sarathi", "chunk_size=32,64", "qps=4,16", "workload=fixed",
+            "workload.lengths.prompt=96", "workload.lengths.output=12", "num_requests=12",
+            "experiment_name=e2e", f"results_dir={root}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([BENCH, *args], cwd=root, capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("[done]") == 6  # vllm ignores chunk_size: 2 + 4 runs
+    assert report.main([str(root / "e2e")]) == 0
+    return root / "e2e"
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_notebook_runs_on_a_real_sweep(swept, name):
+    notebook = nbformat.read(swept / "notebooks" / f"{name}.ipynb", as_version=4)
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(FIGURES[name])
+    for figure in FIGURES[name]:
+        assert (swept / "figures" / figure).stat().st_size > 10_000
+
+
+def test_report_html_has_the_three_sections(swept):
+    html = (swept / "report.html").read_text()
+    for title in report.SECTIONS.values():
+        assert title in html
