@@ -22,7 +22,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64
     num_decodes: int
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool, True = attend
+    decode_mask: torch.Tensor | None  # [num_decodes, max_blocks * block_size] bool, True = attend
     prefills: list[PrefillSeq]
 
 
@@ -33,21 +33,30 @@ def bottom_right_causal_mask(num_queries: int, num_keys: int, device) -> torch.T
 
 
 class SDPAAttention:
-    """Portable backend on ``F.scaled_dot_product_attention`` (CPU and CUDA)."""
+    """Portable backend on ``F.scaled_dot_product_attention`` (CPU and CUDA).
+
+    Cache layout per layer: ``[num_kv_heads, num_blocks, block_size, head_dim]``. Gathering a
+    sequence's blocks then yields ``[num_kv_heads, seq_len, head_dim]`` contiguous, which the
+    batched matmuls consume without a further copy (the flash-attn layout, heads innermost, costs two
+    extra copies per layer on the decode path).
+    """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.gqa = num_heads != num_kv_heads
 
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (self.num_kv_heads, num_blocks, block_size, self.head_dim)
+
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        # q: [T, H, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
-        block_size = k_cache.shape[1]
-        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        # q: [T, H, D]; k, v: [T, Hkv, D]
+        block_size = k_cache.shape[2]
+        k_cache.view(self.num_kv_heads, -1, self.head_dim).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.view(self.num_kv_heads, -1, self.head_dim).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            keys = self._gather(k_cache, meta.decode_block_tables)  # [nd, Hkv, L, D]
+            keys = self._gather(k_cache, meta.decode_block_tables)  # [Hkv, nd, L, D]
             values = self._gather(v_cache, meta.decode_block_tables)
             out[:nd] = self._decode(q[:nd], keys, values, meta.decode_mask)
         for p in meta.prefills:
@@ -58,9 +67,9 @@ class SDPAAttention:
                 o = self._sdpa(qs, ks, vs, None, causal=True)
             else:
                 total = p.context_len + p.num_tokens
-                nblocks = -(-total // block_size)
-                ks = self._gather(k_cache, p.block_table[:nblocks].unsqueeze(0))[:, :, :total]
-                vs = self._gather(v_cache, p.block_table[:nblocks].unsqueeze(0))[:, :, :total]
+                table = p.block_table[:-(-total // block_size)].unsqueeze(0)
+                ks = self._gather(k_cache, table)[:, :, :total].transpose(0, 1)  # [1, Hkv, total, D]
+                vs = self._gather(v_cache, table)[:, :, :total].transpose(0, 1)
                 mask = bottom_right_causal_mask(p.num_tokens, total, q.device)
                 o = self._sdpa(qs, ks, vs, mask)
             out[p.start:p.start + p.num_tokens] = o.squeeze(0).transpose(0, 1)
@@ -68,17 +77,21 @@ class SDPAAttention:
 
     @staticmethod
     def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """``[Hkv, num_seqs, num_blocks * block_size, D]`` for ``block_tables`` [num_seqs, num_blocks]."""
+        hkv, num_blocks, bs, d = cache.shape
         b, nb = block_tables.shape
-        _, bs, hkv, d = cache.shape
-        return cache[block_tables].view(b, nb * bs, hkv, d).transpose(1, 2)
+        # index_select over whole blocks (rows of bs * D) is ~3x faster than advanced indexing on dim 1.
+        rows = (torch.arange(hkv, device=cache.device).view(hkv, 1, 1) * num_blocks + block_tables).flatten()
+        return cache.view(hkv * num_blocks, bs * d).index_select(0, rows).view(hkv, b, nb * bs, d)
 
     def _decode(self, q, keys, values, mask) -> torch.Tensor:
         # One query per sequence: two batched matmuls beat the CPU SDPA kernel ~8x at this shape.
-        nd, hkv, length, d = keys.shape
-        qg = q.view(nd, hkv, self.num_heads // hkv, d)  # query heads grouped by their KV head
+        hkv, nd, length, d = keys.shape
+        qg = q.view(nd, hkv, self.num_heads // hkv, d).transpose(0, 1)  # [Hkv, nd, group, D]
         scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scale
-        scores = scores.masked_fill(~mask.view(nd, 1, 1, length), float("-inf"))
-        return torch.matmul(scores.softmax(-1).to(values.dtype), values).view(nd, self.num_heads, d)
+        scores = scores.masked_fill(~mask.view(1, nd, 1, length), float("-inf"))
+        out = torch.matmul(scores.softmax(-1).to(values.dtype), values)  # [Hkv, nd, group, D]
+        return out.transpose(0, 1).reshape(nd, self.num_heads, d)
 
     def _sdpa(self, q, k, v, mask, causal: bool = False):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,

@@ -17,7 +17,7 @@ class ModelRunner:
         cfg = model.cfg
         self.model, self.attn_backend, self.kv, self.device = model, attn_backend, kv, device
         self.block_size = kv.block_size
-        shape = (num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = attn_backend.kv_cache_shape(num_blocks, self.block_size)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_layers)]
         self.default_generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -85,6 +85,6 @@ class ModelRunner:
             meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
                                                     dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, device=dev)
-            meta.decode_mask = (torch.arange(width * bs, device=dev) < lens[:, None])[:, None, None, :]
+            meta.decode_mask = torch.arange(width * bs, device=dev) < lens[:, None]
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta)

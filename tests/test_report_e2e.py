@@ -6,9 +6,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_analysis import FIGURES
 
 from analysis import report
-from test_analysis import FIGURES
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 
