@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch (on this machine's disk; plain `torch` would pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench notebooks clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,3 +33,7 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Re-execute the committed notebooks on results/example (their outputs are versioned).
+notebooks: setup
+	$(BIN)/python -c "from analysis.report import refresh_notebooks; refresh_notebooks()"

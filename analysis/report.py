@@ -36,20 +36,31 @@ class ThisPythonKernelManager(AsyncKernelManager):
         return KernelSpecManager(kernel_dirs=[])  # no spec dirs: falls back to ipykernel's own spec
 
 
-def execute_notebook(name: str, results_dir: str | Path, output_dir: str | Path, **parameters: Any) -> Path:
-    """Runs analysis/notebooks/<name>.ipynb with papermill (`results_dir` plus `parameters`) and
-    returns the executed copy, OUTPUT_DIR/<name>.ipynb. Raises papermill.PapermillExecutionError."""
-    output = Path(output_dir) / f"{name}.ipynb"
-    output.parent.mkdir(parents=True, exist_ok=True)
+def _papermill(source: Path, output: Path, parameters: dict[str, Any]) -> None:
     papermill.execute_notebook(
-        NOTEBOOK_DIR / f"{name}.ipynb", output,
-        parameters={"results_dir": str(Path(results_dir).resolve()), **parameters},
+        source, output, parameters=parameters,
         kernel_name="python3", kernel_manager_class=ThisPythonKernelManager, progress_bar=False,
         cwd=Path(analysis.__file__).resolve().parents[1],  # the kernel imports this same `analysis`
         # cell errors still fail the run; this only mutes the kernel's own log, which reports the
         # interrupt jupyter_client sends at every shutdown as "KeyboardInterrupt caught in kernel"
         extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+
+
+def execute_notebook(name: str, results_dir: str | Path, output_dir: str | Path, **parameters: Any) -> Path:
+    """Runs analysis/notebooks/<name>.ipynb with papermill (`results_dir` plus `parameters`) and
+    returns the executed copy, OUTPUT_DIR/<name>.ipynb. Raises papermill.PapermillExecutionError."""
+    output = Path(output_dir) / f"{name}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    _papermill(NOTEBOOK_DIR / f"{name}.ipynb", output,
+               {"results_dir": str(Path(results_dir).resolve()), **parameters})
     return output
+
+
+def refresh_notebooks() -> None:
+    """Re-executes analysis/notebooks/*.ipynb in place on their default `results_dir`
+    (results/example, the small checked-in set), so the notebooks in git carry real outputs."""
+    for name in SECTIONS:
+        _papermill(NOTEBOOK_DIR / f"{name}.ipynb", NOTEBOOK_DIR / f"{name}.ipynb", {})
 
 
 def render_html(notebooks: list[Path], output: str | Path, title: str) -> Path:

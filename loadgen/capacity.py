@@ -140,5 +140,5 @@ def run_search(cfg: DictConfig) -> dict:
 
 
 def main() -> None:
-    sys.argv[1:1] = ["+experiment=capacity"]
+    sys.argv.append("+experiment=capacity")  # after any -m: Hydra takes overrides in one run
     bench.main()
