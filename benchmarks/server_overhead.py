@@ -3,7 +3,7 @@
 Reports the output tokens/s ratio HTTP / in-process (target >= 0.9) and the TTFT the HTTP path adds
 at low load (sequential single requests: client-side TTFT minus the engine's own TTFT).
 
-    python benchmarks/server_overhead.py [--model small] [--out benchmarks/results/server_overhead.json]
+    python -m benchmarks.server_overhead [--model small] [--out benchmarks/results/server_overhead.json]
 """
 from __future__ import annotations
 
