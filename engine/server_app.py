@@ -5,7 +5,7 @@ import copy
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -205,6 +205,11 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
             raise APIError(503, st.engine_loop.error or "the engine is not running", type="server_error",
                            code="engine_unavailable")
         return JSONResponse({"status": "ok"})
+
+    @app.get("/stallfree/batches")
+    async def batches(since: float = 0.0) -> dict:
+        """The engine's BatchRecords (one per iteration) that started at or after ``since`` (epoch s)."""
+        return {"batches": [asdict(r) for r in st.engine_loop.batches_since(since)]}
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:

@@ -9,14 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from engine.engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import BatchRecord, RequestOutput
 from engine.request import SamplingParams
 from engine.server_metrics import ServerMetrics
 
 logger = logging.getLogger("stallfree.server")
+
+# BatchRecords kept for GET /stallfree/batches (a bound keeps a long-running server's memory flat).
+MAX_RECENT_BATCHES = 200_000
 
 # When requests are unfinished but an iteration scheduled nothing, wait this long before retrying.
 STALL_WAIT_S = 0.005
@@ -69,12 +73,18 @@ class EngineLoop:
         # engine-thread state
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._progress = True
+        self._recent: deque[BatchRecord] = deque(maxlen=MAX_RECENT_BATCHES)
+        self._recent_lock = threading.Lock()
 
     # -- any thread --------------------------------------------------------------------------------
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def batches_since(self, start_time: float) -> list[BatchRecord]:
+        with self._recent_lock:
+            return [r for r in self._recent if r.start_time >= start_time]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
@@ -187,6 +197,8 @@ class EngineLoop:
         self._progress = bool(records)
         for record in records:
             self.metrics.observe_iteration(record)
+        with self._recent_lock:
+            self._recent.extend(records)
         batches: dict[Submission, list[tuple[int, RequestOutput]]] = {}
         for out in outputs:
             self.metrics.observe_output(out)

@@ -150,9 +150,16 @@ class HttpTarget:
         self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
 
     def replay(self, specs, *, warmup, progress):
+        start = time.time()
         rows = run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
                                   timeout_s=self.timeout_s, warmup=warmup, progress=progress)
-        return rows, None
+        return rows, self._batches_since(start) if self.server is not None else None
+
+    def _batches_since(self, start: float) -> list[dict]:
+        """The iterations of our own stallfree-serve during the run (GET /stallfree/batches)."""
+        response = httpx.get(f"{self.url}/stallfree/batches", params={"since": start}, timeout=60)
+        response.raise_for_status()
+        return response.json()["batches"]
 
     def close(self) -> None:
         if self.server is not None and self.server.poll() is None:

@@ -85,7 +85,7 @@ def test_http_sweep_restarts_the_server_only_for_server_knobs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("[done]") == UNIQUE_RUNS and done.stdout.count("[cached]") == 2
     exp_dir = tmp_path / "http"
-    check_sweep(exp_dir, "http", with_batches=False)
+    check_sweep(exp_dir, "http", with_batches=True)
     logs = sorted((exp_dir / ".logs").glob("server-*.log"))
     assert len(logs) == 3  # vllm (any chunk size), sarathi-128, sarathi-256
     for log in logs:

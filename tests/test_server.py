@@ -381,6 +381,19 @@ def test_metrics_counters_match_requests(server, http):
         assert (gauge, (("model_name", "tiny"),)) in after
 
 
+def test_batch_records_endpoint(server, http):
+    wait_idle(server.url)
+    since = time.time()
+    bodies = _bodies(3, seed=7, max_tokens=(4, 6))
+    for body in bodies:
+        assert http.post("/v1/completions", json=body | {"stream": False}).status_code == 200
+    batches = http.get("/stallfree/batches", params={"since": since}).json()["batches"]
+    assert sum(b["num_prefill_tokens"] for b in batches) == sum(len(b["prompt"]) for b in bodies)
+    assert sum(b["num_decode_tokens"] for b in batches) == sum(b["max_tokens"] - 1 for b in bodies)
+    assert all(b["start_time"] >= since and b["end_time"] >= b["start_time"] for b in batches)
+    assert http.get("/stallfree/batches", params={"since": time.time() + 60}).json() == {"batches": []}
+
+
 def test_full_queue_gets_429_with_retry_after(small_queue_server):
     body = {"prompt": "hello", "max_tokens": 64, "ignore_eos": True}
 
