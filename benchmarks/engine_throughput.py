@@ -124,7 +124,12 @@ def main() -> None:
     result["decode_b32_frac_of_matmul_peak"] = decode32_flops / result["decode_step_s_batch32"] / result["matmul_flops"]
     result["decode_b32_frac_of_bandwidth_bound"] = ideal_decode / result["decode_step_s_batch32"]
 
-    out = Path(args.out)
+    write_result(result, args.out)
+
+
+def write_result(result: dict, path: str) -> None:
+    """Save the figures as JSON and print them, one per line."""
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     for key, value in result.items():

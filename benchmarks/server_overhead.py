@@ -8,15 +8,13 @@ at low load (sequential single requests: client-side TTFT minus the engine's own
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from benchmarks.engine_throughput import make_prompts, run_engine
+from benchmarks.engine_throughput import make_prompts, run_engine, write_result
 from loadgen.openloop import run_open_loop_sync
 from loadgen.workload import RequestSpec
 
@@ -78,12 +76,7 @@ def main() -> None:
     result["ttft_added_vs_inprocess_ms_p50"] = result["ttft_http_ms_p50"] - result["ttft_inprocess_ms_p50"]
     result["ttft_added_vs_server_engine_ms_p50"] = 1000 * statistics.median(
         h - s for h, s in zip(http_ttfts, server_ttfts, strict=True))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    for key, value in result.items():
-        print(f"{key:38s} {value:.4g}" if isinstance(value, float) else f"{key:38s} {value}")
-
+    write_result(result, args.out)
 
 if __name__ == "__main__":
     main()

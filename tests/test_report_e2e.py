@@ -4,9 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from test_analysis import FIGURES
+from test_analysis import FIGURES, check_executed_notebook
 
 from analysis import report
 
@@ -29,12 +28,7 @@ def swept(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", list(FIGURES))
 def test_notebook_runs_on_a_real_sweep(swept, name):
-    notebook = nbformat.read(swept / "notebooks" / f"{name}.ipynb", as_version=4)
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(FIGURES[name])
-    for figure in FIGURES[name]:
-        assert (swept / "figures" / figure).stat().st_size > 10_000
+    check_executed_notebook(swept, name)
 
 
 def test_report_html_has_the_three_sections(swept):
