@@ -98,7 +98,7 @@ class SDPAAttention:
                                               enable_gqa=self.gqa)
 
 
-def make_attention_backend(name: str, device: torch.device, **kwargs) -> SDPAAttention:
+def make_attention_backend(name: str, **kwargs) -> SDPAAttention:
     if name in ("auto", "sdpa"):
         return SDPAAttention(**kwargs)
-    raise ValueError(f"unknown attention backend {name!r}; available: 'sdpa'")
+    raise ValueError(f"unknown model.attention_backend {name!r}; available: 'sdpa' (flash_attn is not built yet)")

@@ -11,7 +11,7 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings (capped at 4096)
     seed: int = 0  # sampling seed for requests without their own
-    attention_backend: str = "auto"  # auto | sdpa | flash_attn
+    attention_backend: str = "auto"  # auto | sdpa
 
 
 @dataclass

@@ -50,10 +50,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of ``positions`` as [T, 1, D], looked up once per forward pass for all layers."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    cos, sin = cos_sin
+    return x * cos + rotate_half(x) * sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -70,12 +74,12 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, positions, rotary, attn_backend, kv_cache, meta: AttentionMetadata):
+    def forward(self, x, cos_sin, attn_backend, kv_cache, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, cos_sin), apply_rotary(k, cos_sin)
         return self.o_proj(attn_backend(q, k, v, kv_cache[0], kv_cache[1], meta))
 
 
@@ -98,8 +102,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, attn_backend, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn_backend, kv_cache, meta)
+    def forward(self, x, cos_sin, attn_backend, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_backend, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -119,8 +123,9 @@ class LlamaForCausalLM(nn.Module):
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the flat batch; return fp32 logits of the rows in ``logits_indices``."""
         x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rotary, attn_backend, kv_cache, meta)
+            x = layer(x, cos_sin, attn_backend, kv_cache, meta)
         if logits_indices.numel() == 0:  # a partial prefill chunk samples nothing
             return x.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
         return self.lm_head(self.norm(x[logits_indices])).float()
