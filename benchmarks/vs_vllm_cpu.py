@@ -1,0 +1,86 @@
+"""stallfree-serve vs vLLM's CPU build (the peer of ../shared/peers/vllm_cpu.sh), side by side.
+
+The same burst as the engine benchmark (32 x 512 prompt / 128 output tokens, ignore_eos, streamed
+over HTTP) against each server in turn, on the same materialized preset directory, both in bf16 with
+a chunked-prefill budget of 512 tokens per iteration. Run ``peers/vllm_cpu.sh setup`` first.
+
+    python -m benchmarks.vs_vllm_cpu [--model small] [--peer ../shared/peers/vllm_cpu.sh]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.engine_throughput import make_prompts, write_result
+from benchmarks.server_overhead import measure_burst, start_server
+from engine.model.presets import resolve_model_path
+
+
+def start_vllm(peer: str, model_dir: Path, port: int, chunk: int, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(["bash", peer, "serve", str(model_dir), str(port), "--enable-chunked-prefill",
+                             "--max-num-batched-tokens", str(chunk)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"vLLM did not become ready; see {log}")
+
+
+def latency(rows: list[dict]) -> dict:
+    ttft = [r["first_token_time"] - r["send_time"] for r in rows]
+    tbt = [b - a for r in rows for a, b in zip(r["token_times"], r["token_times"][1:], strict=False)]
+    return {"median_ttft_ms": 1000 * statistics.median(ttft), "median_tbt_ms": 1000 * statistics.median(tbt)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--peer", default=str(Path(__file__).resolve().parents[2] / "shared/peers/vllm_cpu.sh"))
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--out", default="benchmarks/results/vs_vllm_cpu.json")
+    args = ap.parse_args()
+    model_dir = resolve_model_path(args.model)
+    prompts = make_prompts(args.num_requests, args.prompt_len, 32000 if args.model == "small" else 2048)
+    result: dict = {"model": args.model, "num_requests": args.num_requests, "prompt_len": args.prompt_len,
+                    "max_tokens": args.max_tokens, "chunk": args.chunk}
+
+    proc = start_server(args.model, 8124, args.chunk)
+    try:
+        result["stallfree_tok_s"], rows = measure_burst("http://127.0.0.1:8124", args.model, prompts,
+                                                        args.max_tokens)
+        result |= {f"stallfree_{k}": v for k, v in latency(rows).items()}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    log = Path(args.out).with_suffix(".vllm.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = start_vllm(args.peer, model_dir, 8125, args.chunk, log)
+    try:
+        result["vllm_tok_s"], rows = measure_burst("http://127.0.0.1:8125", str(model_dir), prompts,
+                                                   args.max_tokens)
+        result |= {f"vllm_{k}": v for k, v in latency(rows).items()}
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    result["ratio_stallfree_vs_vllm"] = result["stallfree_tok_s"] / result["vllm_tok_s"]
+    write_result(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
