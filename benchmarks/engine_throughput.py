@@ -76,14 +76,20 @@ def iteration_times(llm: LLM, *, prefill_tokens: int = 0, decode_seqs: int = 0) 
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_parser(doc: str, out: str) -> argparse.ArgumentParser:
+    """The options every benchmark shares: the model and the 32 x 512 / 128 workload, and where to write."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="small")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--out", default=out)
+    return ap
+
+
+def main() -> None:
+    ap = workload_parser(__doc__, "benchmarks/results/engine_throughput.json")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = ap.parse_args()
     torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     path = resolve_model_path(args.model)

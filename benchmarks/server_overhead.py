@@ -7,14 +7,13 @@ at low load (sequential single requests: client-side TTFT minus the engine's own
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-from benchmarks.engine_throughput import make_prompts, run_engine, write_result
+from benchmarks.engine_throughput import make_prompts, run_engine, workload_parser, write_result
 from loadgen.openloop import run_open_loop_sync
 from loadgen.workload import RequestSpec
 
@@ -41,13 +40,8 @@ def measure_burst(url: str, model: str, prompts: list[list[int]], max_tokens: in
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="small")
-    ap.add_argument("--num-requests", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap = workload_parser(__doc__, "benchmarks/results/server_overhead.json")
     ap.add_argument("--port", type=int, default=8123)
-    ap.add_argument("--out", default="benchmarks/results/server_overhead.json")
     args = ap.parse_args()
     prompts = make_prompts(args.num_requests, args.prompt_len, 32000 if args.model == "small" else 2048)
     result: dict = {"model": args.model, "num_requests": args.num_requests, "prompt_len": args.prompt_len,

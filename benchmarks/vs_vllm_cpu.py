@@ -8,7 +8,6 @@ a chunked-prefill budget of 512 tokens per iteration. Run ``peers/vllm_cpu.sh se
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.engine_throughput import make_prompts, write_result
+from benchmarks.engine_throughput import make_prompts, workload_parser, write_result
 from benchmarks.server_overhead import measure_burst, start_server
 from engine.model.presets import resolve_model_path
 
@@ -45,14 +44,9 @@ def latency(rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="small")
+    ap = workload_parser(__doc__, "benchmarks/results/vs_vllm_cpu.json")
     ap.add_argument("--peer", default=str(Path(__file__).resolve().parents[2] / "shared/peers/vllm_cpu.sh"))
-    ap.add_argument("--num-requests", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--chunk", type=int, default=512)
-    ap.add_argument("--out", default="benchmarks/results/vs_vllm_cpu.json")
     args = ap.parse_args()
     model_dir = resolve_model_path(args.model)
     prompts = make_prompts(args.num_requests, args.prompt_len, 32000 if args.model == "small" else 2048)
