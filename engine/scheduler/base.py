@@ -146,7 +146,7 @@ class Scheduler(ABC):
         for request in self.running:
             if budget <= 0:
                 return
-            if not request.is_decode and not self._in_batch(batch, request):
+            if not request.is_decode:  # decodes were scheduled already (as 1-token units)
                 n = min(request.num_uncomputed_tokens, budget)
                 batch.units.append(ScheduledUnit(request, n, is_prefill=True))
                 budget -= n
@@ -164,7 +164,3 @@ class Scheduler(ABC):
             if not self.try_admit(request):
                 return
             batch.units.append(ScheduledUnit(request, n, is_prefill=True))
-
-    @staticmethod
-    def _in_batch(batch: Batch, request: Request) -> bool:
-        return any(u.request is request for u in batch.units)
