@@ -41,7 +41,7 @@ class LLMEngine:
         num_blocks = cc.num_blocks or self._num_blocks_for_budget(arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len)
-        attn = make_attention_backend(mc.attention_backend, num_heads=arch.num_heads,
+        attn = make_attention_backend(mc.attention_backend, self.device, self.dtype, num_heads=arch.num_heads,
                                       num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
                                       scale=arch.head_dim ** -0.5)
         self.runner = ModelRunner(model, attn, self.kv, num_blocks, self.dtype, self.device, mc.seed)

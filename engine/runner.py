@@ -79,12 +79,11 @@ class ModelRunner:
                 decode_lens.append(start + 1)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(decode_tables), decode_block_tables=None, decode_mask=None, prefills=prefills)
+            num_decodes=len(decode_tables), decode_block_tables=None, decode_seq_lens=None, prefills=prefills)
         if decode_tables:
             width = max(len(t) for t in decode_tables)
             meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables],
                                                     dtype=torch.long, device=dev)
-            lens = torch.tensor(decode_lens, device=dev)
-            meta.decode_mask = torch.arange(width * bs, device=dev) < lens[:, None]
+            meta.decode_seq_lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta)

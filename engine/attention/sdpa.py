@@ -1,35 +1,10 @@
-"""Paged attention backends: write new K/V by ``slot_mapping``, then attend over each sequence's blocks."""
+"""The portable backend: write new K/V by ``slot_mapping``, gather each sequence's blocks, attend with torch ops."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class PrefillSeq:
-    start: int  # offset of its tokens in the flat batch
-    num_tokens: int
-    context_len: int  # tokens already in the cache before this chunk
-    block_table: torch.Tensor  # [num_blocks] int64
-
-
-@dataclass
-class AttentionMetadata:
-    """Flat batch layout: decode tokens first (one per sequence), then prefill chunks."""
-
-    slot_mapping: torch.Tensor  # [num_tokens] int64
-    num_decodes: int
-    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64
-    decode_mask: torch.Tensor | None  # [num_decodes, max_blocks * block_size] bool, True = attend
-    prefills: list[PrefillSeq]
-
-
-def bottom_right_causal_mask(num_queries: int, num_keys: int, device) -> torch.Tensor:
-    """Query i (the last ``num_queries`` positions) sees key j iff j <= (num_keys - num_queries) + i."""
-    q_pos = torch.arange(num_keys - num_queries, num_keys, device=device).unsqueeze(1)
-    return torch.arange(num_keys, device=device).unsqueeze(0) <= q_pos
+from engine.attention.metadata import AttentionMetadata, bottom_right_causal_mask
 
 
 class SDPAAttention:
@@ -58,7 +33,8 @@ class SDPAAttention:
         if nd:
             keys = self._gather(k_cache, meta.decode_block_tables)  # [Hkv, nd, L, D]
             values = self._gather(v_cache, meta.decode_block_tables)
-            out[:nd] = self._decode(q[:nd], keys, values, meta.decode_mask)
+            mask = torch.arange(keys.shape[2], device=q.device) < meta.decode_seq_lens[:, None]
+            out[:nd] = self._decode(q[:nd], keys, values, mask)
         for p in meta.prefills:
             qs = q[p.start:p.start + p.num_tokens].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             if p.context_len == 0:
@@ -97,8 +73,3 @@ class SDPAAttention:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                               enable_gqa=self.gqa)
 
-
-def make_attention_backend(name: str, **kwargs) -> SDPAAttention:
-    if name in ("auto", "sdpa"):
-        return SDPAAttention(**kwargs)
-    raise ValueError(f"unknown model.attention_backend {name!r}; available: 'sdpa' (flash_attn is not built yet)")
