@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from engine.config import engine_kwargs_from_groups
 from engine.server_app import ServerConfig, ServerState, build_app
 from engine.server_loop import EngineLoop
 
@@ -153,10 +154,7 @@ def _configs(args: list[str]) -> tuple[dict, ServerConfig]:
         cfg = OmegaConf.to_container(compose(config_name=CONFIG_NAME, overrides=_overrides(args)), resolve=True,
                                      throw_on_missing=True)
     m, s = cfg["model"], cfg["scheduler"]
-    engine_kwargs = dict(model=str(Path(m["name"]).expanduser()) if "path" in m else m["name"], dtype=m["dtype"],
-                         device=m["device"], max_model_len=m["max_model_len"], kv_memory_gib=m["kv_memory_gib"],
-                         scheduler=s["name"], max_num_seqs=s["max_num_seqs"],
-                         max_num_batched_tokens=s["max_num_batched_tokens"], chunk_size=cfg["chunk_size"])
+    engine_kwargs = engine_kwargs_from_groups(m, s, cfg["chunk_size"])
     port = cfg["port"]
     server_cfg = ServerConfig(
         host=str(cfg["host"]), port=int(port) if isinstance(port, str) and port.isdigit() else port,

@@ -54,12 +54,8 @@ def chunk_size(cfg: DictConfig) -> int | None:
 
 def engine_kwargs(cfg: DictConfig) -> dict:
     """``LLMEngine.from_kwargs`` arguments: the server-side knobs of a run."""
-    m, s = cfg.model, cfg.scheduler
-    kwargs = dict(model=str(Path(m.name).expanduser()) if "path" in m else m.name, dtype=m.dtype,
-                  device=m.device, max_model_len=m.max_model_len, kv_memory_gib=m.kv_memory_gib,
-                  scheduler=s.name, max_num_seqs=s.max_num_seqs,
-                  max_num_batched_tokens=s.max_num_batched_tokens)
-    return kwargs if chunk_size(cfg) is None else {**kwargs, "chunk_size": chunk_size(cfg)}
+    from engine.config import engine_kwargs_from_groups  # engine pulls in torch: import on use
+    return engine_kwargs_from_groups(cfg.model, cfg.scheduler, chunk_size(cfg))
 
 
 def _digest(value) -> str:

@@ -60,9 +60,9 @@ def test_point_passes_only_within_both_bounds_and_without_failures():
 def test_capacity_search_on_tiny_inprocess(tmp_path):
     """One request at a time (max_num_seqs=1), evenly spaced arrivals: the queue, hence the P50
     scheduling delay, grows past the 50 ms bound once requests arrive faster than they are served
-    (at 512 qps the 16 requests arrive within 30 ms; each takes 8 iterations)."""
+    (at 512 qps the 16 requests arrive within 30 ms; each takes 32 iterations, ~0.5 ms each here)."""
     args = ["scheduler=faster_transformer", "scheduler.max_num_seqs=1", "workload=fixed",
-            "workload.lengths.prompt=32", "workload.lengths.output=8", "arrival=constant", "num_requests=16",
+            "workload.lengths.prompt=32", "workload.lengths.output=32", "arrival=constant", "num_requests=16",
             "slo=strict", "slo.tbt_ms=60000", "capacity.start_qps=2", "capacity.min_qps=0.25",
             "capacity.max_qps=512", "capacity.tolerance=0.5", "capacity.max_p50_scheduling_delay_s=0.05",
             f"results_dir={tmp_path}"]

@@ -30,11 +30,14 @@ def hf_reference(arch_paths, prompts):
     return refs
 
 
+# "auto" is the native paged-decode kernel on CPU; "sdpa" keeps the portable gather path covered too.
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
-@pytest.mark.parametrize(("policy", "chunk_size"), POLICY_CASES)
-def test_greedy_matches_hf(arch, policy, chunk_size, arch_paths, prompts, hf_reference):
+@pytest.mark.parametrize(("policy", "chunk_size", "backend"), [(*case, "auto") for case in POLICY_CASES] + [
+    ("vllm", 512, "sdpa"), ("sarathi", 16, "sdpa")])
+def test_greedy_matches_hf(arch, policy, chunk_size, backend, arch_paths, prompts, hf_reference):
     engine = LLMEngine.from_kwargs(model=str(arch_paths[arch]), scheduler=policy, chunk_size=chunk_size,
-                                   dtype="float32", max_num_seqs=6)
+                                   dtype="float32", max_num_seqs=6, attention_backend=backend)
+    assert type(engine.runner.attn_backend).__name__ == ("SDPAAttention" if backend == "sdpa" else "CPUPagedAttention")
     outputs = run_staggered(engine, prompts, MAX_TOKENS)
     assert [outputs[f"r{i}"] for i in range(len(prompts))] == hf_reference[arch]
     assert len({tuple(o) for o in hf_reference[arch]}) == len(prompts)  # outputs are varied, not one token

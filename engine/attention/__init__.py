@@ -7,17 +7,36 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention.cpu_paged import CPUPagedAttention, cpu_paged_available
+from engine.attention.flash_attn import FlashAttention, flash_attn_available
 from engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
 from engine.attention.sdpa import SDPAAttention
 
-__all__ = ["AttentionMetadata", "PrefillSeq", "SDPAAttention", "bottom_right_causal_mask", "make_attention_backend"]
+__all__ = ["AttentionMetadata", "CPUPagedAttention", "FlashAttention", "PrefillSeq", "SDPAAttention",
+           "bottom_right_causal_mask", "make_attention_backend"]
 
-ATTENTION_BACKENDS = ("auto", "sdpa")
+ATTENTION_BACKENDS = ("auto", "sdpa", "cpu_paged", "flash_attn")
 
 
 def make_attention_backend(name: str, device: torch.device, dtype: torch.dtype, *, num_heads: int,
                            num_kv_heads: int, head_dim: int, scale: float):
     dims = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale)
-    if name in ("auto", "sdpa"):
+    if name == "auto":  # the fastest backend that runs here
+        if flash_attn_available(device, dtype):
+            name = "flash_attn"
+        elif cpu_paged_available(device, dtype, head_dim):
+            name = "cpu_paged"
+        else:
+            name = "sdpa"
+    if name == "sdpa":
         return SDPAAttention(**dims)
+    if name == "cpu_paged":
+        if device.type != "cpu":
+            raise ValueError(f"model.attention_backend='cpu_paged' runs on CPU, not {device.type}; use 'sdpa'")
+        return CPUPagedAttention(**dims, dtype=dtype)
+    if name == "flash_attn":
+        if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"model.attention_backend='flash_attn' runs on CUDA in fp16/bf16, not {device.type} "
+                             f"{dtype}; use 'sdpa'")
+        return FlashAttention(**dims)
     raise ValueError(f"unknown model.attention_backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")

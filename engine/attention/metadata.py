@@ -1,7 +1,7 @@
 """What a backend needs to know about one flat batch: where new K/V go and which blocks each sequence reads."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64, padded with block 0
     decode_seq_lens: torch.Tensor | None  # [num_decodes] int64: cached tokens including the new one
     prefills: list[PrefillSeq]
+    per_batch: dict = field(default_factory=dict)  # what a backend derives once and reuses in every layer
 
 
 def bottom_right_causal_mask(num_queries: int, num_keys: int, device) -> torch.Tensor:

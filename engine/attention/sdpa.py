@@ -31,10 +31,7 @@ class SDPAAttention:
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            keys = self._gather(k_cache, meta.decode_block_tables)  # [Hkv, nd, L, D]
-            values = self._gather(v_cache, meta.decode_block_tables)
-            mask = torch.arange(keys.shape[2], device=q.device) < meta.decode_seq_lens[:, None]
-            out[:nd] = self._decode(q[:nd], keys, values, mask)
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, meta)
         for p in meta.prefills:
             qs = q[p.start:p.start + p.num_tokens].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             if p.context_len == 0:
@@ -60,7 +57,11 @@ class SDPAAttention:
         rows = (torch.arange(hkv, device=cache.device).view(hkv, 1, 1) * num_blocks + block_tables).flatten()
         return cache.view(hkv * num_blocks, bs * d).index_select(0, rows).view(hkv, b, nb * bs, d)
 
-    def _decode(self, q, keys, values, mask) -> torch.Tensor:
+    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention output [nd, H, D] of the decode queries q [nd, H, D]."""
+        keys = self._gather(k_cache, meta.decode_block_tables)  # [Hkv, nd, L, D]
+        values = self._gather(v_cache, meta.decode_block_tables)
+        mask = torch.arange(keys.shape[2], device=q.device) < meta.decode_seq_lens[:, None]
         # One query per sequence: two batched matmuls beat the CPU SDPA kernel ~8x at this shape.
         hkv, nd, length, d = keys.shape
         qg = q.view(nd, hkv, self.num_heads // hkv, d).transpose(0, 1)  # [Hkv, nd, group, D]
