@@ -4,11 +4,16 @@ import shutil
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, CPUPagedAttention, SDPAAttention, make_attention_backend
-from engine.attention.native import load_paged_decode
+from engine.attention import (
+    AttentionMetadata,
+    CPUPagedAttention,
+    SDPAAttention,
+    make_attention_backend,
+    native,
+)
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                reason="no C++ compiler to build the kernel")
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                    reason="no C++ compiler to build the kernel")
 
 
 def decode_batch(seq_lens, num_kv_heads, head_dim, block_size, dtype, seed=0):
@@ -28,6 +33,7 @@ def decode_batch(seq_lens, num_kv_heads, head_dim, block_size, dtype, seed=0):
     return k_cache, v_cache, meta
 
 
+@needs_compiler
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(6, 2, 16), (4, 4, 32), (12, 4, 64)])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -43,6 +49,7 @@ def test_kernel_matches_gather_path(num_heads, num_kv_heads, head_dim, block_siz
     torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=atol)
 
 
+@needs_compiler
 def test_kernel_reads_only_its_own_blocks():
     """Poisoning every block outside the tables (and the padding slots of the last block) changes nothing."""
     k_cache, v_cache, meta = decode_batch([5, 9], num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
@@ -57,10 +64,11 @@ def test_kernel_reads_only_its_own_blocks():
     torch.testing.assert_close(backend._decode(q, k_cache, v_cache, meta), before)
 
 
+@needs_compiler
 def test_auto_picks_the_native_backend_on_cpu():
     dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=32 ** -0.5)
     cpu = torch.device("cpu")
-    assert load_paged_decode() is not None
+    assert native.load_paged_decode() is not None
     assert type(make_attention_backend("auto", cpu, torch.bfloat16, **dims)) is CPUPagedAttention
     assert type(make_attention_backend("sdpa", cpu, torch.bfloat16, **dims)) is SDPAAttention
     # head dims without a kernel instantiation fall back to the portable path
@@ -78,3 +86,22 @@ def test_unusable_backend_is_a_clear_error(name, dtype, head_dim, message):
     with pytest.raises(ValueError, match=message):
         make_attention_backend(name, torch.device("cpu"), dtype, num_heads=4, num_kv_heads=2, head_dim=head_dim,
                                scale=1.0)
+
+
+@pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])  # missing, and one that fails
+def test_without_a_working_compiler_auto_falls_back_to_sdpa(compiler, monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path))  # no prebuilt library to find
+    monkeypatch.setenv("CXX", compiler)
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: real_which(name) if name == compiler else None)
+    native.load_paged_decode.cache_clear()
+    try:
+        assert native.load_paged_decode() is None
+        assert "portable" in caplog.text
+        dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=1.0)
+        cpu = torch.device("cpu")
+        assert type(make_attention_backend("auto", cpu, torch.float32, **dims)) is SDPAAttention
+        with pytest.raises(ValueError, match="C\\+\\+ compiler"):
+            make_attention_backend("cpu_paged", cpu, torch.float32, **dims)
+    finally:
+        native.load_paged_decode.cache_clear()
