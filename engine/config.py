@@ -14,6 +14,9 @@ class ModelConfig:
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings (capped at 4096)
     seed: int = 0  # sampling seed for requests without their own
     attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn
+    runner: str = "model"  # model (real forward pass) | simulated (engine/simulator.py: a fitted cost model)
+    cost_model: str | None = None  # simulated: a CostModel JSON; None: profile this model's real runner once
+    clock: str = "real"  # simulated: real (iterations sleep) | virtual (offline, time is a counter)
 
 
 @dataclass
@@ -58,6 +61,7 @@ def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: in
     kwargs = dict(model=str(Path(model["name"]).expanduser()) if "path" in model else model["name"],
                   dtype=model["dtype"], device=model["device"], max_model_len=model["max_model_len"],
                   kv_memory_gib=model["kv_memory_gib"], attention_backend=model["attention_backend"],
+                  runner=model["runner"], cost_model=model["cost_model"], clock=model["clock"],
                   scheduler=scheduler["name"], max_num_seqs=scheduler["max_num_seqs"],
                   max_num_batched_tokens=scheduler["max_num_batched_tokens"])
     return kwargs if chunk_size is None else {**kwargs, "chunk_size": chunk_size}

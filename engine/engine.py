@@ -17,6 +17,7 @@ from engine.outputs import BatchRecord, RequestOutput
 from engine.request import Request, RequestStatus, SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler import make_scheduler
+from engine.simulator import CostModel, SimulatedRunner, VirtualClock, profile_cost_model
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -37,14 +38,27 @@ class LLMEngine:
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.eos_token_ids = set(arch.eos_token_ids) or {self.tokenizer.eos_token_id}
-        model = load_model(path, arch, self.max_model_len, self.dtype, self.device)
+        self.vocab_size = arch.vocab_size
         num_blocks = cc.num_blocks or self._num_blocks_for_budget(arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len)
-        attn = make_attention_backend(mc.attention_backend, self.device, self.dtype, num_heads=arch.num_heads,
-                                      num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-                                      scale=arch.head_dim ** -0.5)
-        self.runner = ModelRunner(model, attn, self.kv, num_blocks, self.dtype, self.device, mc.seed)
+        if mc.runner == "model":
+            model = load_model(path, arch, self.max_model_len, self.dtype, self.device)
+            attn = make_attention_backend(mc.attention_backend, self.device, self.dtype, num_heads=arch.num_heads,
+                                          num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+                                          scale=arch.head_dim ** -0.5)
+            self.runner = ModelRunner(model, attn, self.kv, num_blocks, self.dtype, self.device, mc.seed)
+        elif mc.runner == "simulated":
+            if mc.clock not in ("real", "virtual"):
+                raise ValueError(f"unknown model.clock {mc.clock!r}; choose real or virtual")
+            cost_model = CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config)
+            virtual = VirtualClock() if mc.clock == "virtual" else None
+            if virtual is not None:
+                self.clock = virtual  # every timestamp the engine takes is simulated time
+            self.runner = SimulatedRunner(cost_model, self.kv, arch.vocab_size, self.eos_token_ids, virtual,
+                                          mc.seed)
+        else:
+            raise ValueError(f"unknown model.runner {mc.runner!r}; choose model or simulated")
         self.requests: dict[str, Request] = {}
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
@@ -99,7 +113,7 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
-        vocab = self.runner.model.cfg.vocab_size
+        vocab = self.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
@@ -129,6 +143,8 @@ class LLMEngine:
         start = self.clock()
         batch = self.scheduler.schedule(start)
         if not batch.units:
+            if isinstance(self.clock, VirtualClock) and self.scheduler.waiting:
+                self.clock.advance_to(self.scheduler.waiting[0].metrics.arrival_time)  # idle until it arrives
             return []
         for unit in batch.units:
             if unit.request.metrics.first_scheduled_time is None:

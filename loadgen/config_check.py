@@ -63,6 +63,8 @@ def check(cfg: DictConfig) -> None:
     path = cfg.model.get("path")
     _need(path is None or Path(path).expanduser().is_dir(), "model.path", "a checkpoint directory", path)
     _positive(cfg, "model.kv_memory_gib")
+    _need(cfg.model.clock == "real" or cfg.target.kind == "inprocess", "model.clock",
+          "'real' unless target=inprocess (a server's virtual time means nothing to a client)", cfg.model.clock)
     _positive(cfg, "slo.tbt_ms", optional=True)
     _positive(cfg, "slo.tbt_multiple")
     _positive(cfg, "slo.ttft_ms", optional=True)

@@ -102,6 +102,7 @@ def test_http_sweep_restarts_the_server_only_for_server_knobs(tmp_path):
     (["-m", "qps=1,-2"], "qps must be a number > 0, got -2"),
     (["workload.lengths.name=missing_trace"], "workload.lengths.name: trace name 'missing_trace'"),
     (["no_such_key=1"], "no_such_key: unknown key"),
+    (["model.runner=simulated", "model.clock=virtual", "target=http"], "model.clock must be 'real' unless"),
 ])
 def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
     done = bench([*args, f"results_dir={tmp_path}"], tmp_path, timeout=60)
@@ -127,3 +128,17 @@ def test_validate_cli_checks_every_swept_value(args, message):
 def test_validate_cli_accepts_the_presets():
     for preset in ("demo", "pareto", "capacity", "stall"):
         validate_cli([f"+experiment={preset}", "-m"])
+
+
+def test_simulated_sweep_on_a_virtual_clock(tmp_path):
+    """model.runner=simulated model.clock=virtual: the real schedulers on simulated time, so a long
+    workload at high load replays in a few seconds of wall time."""
+    start = time.monotonic()
+    done = bench(["-m", "model.runner=simulated", "model.clock=virtual", "scheduler=vllm,sarathi", "qps=200",
+                  "num_requests=2000", "experiment_name=sim", f"results_dir={tmp_path}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 180
+    summaries = [json.loads((d / "summary.json").read_text()) for d in run_dirs(tmp_path / "sim")]
+    assert sorted(s["scheduler"] for s in summaries) == ["sarathi", "vllm"]
+    for s in summaries:
+        assert s["completed"] == 2000 and s["duration"] >= 2000 / 200 * 0.8  # simulated seconds
