@@ -61,7 +61,10 @@ class SDPAAttention:
         """Attention output [nd, H, D] of the decode queries q [nd, H, D]."""
         keys = self._gather(k_cache, meta.decode_block_tables)  # [Hkv, nd, L, D]
         values = self._gather(v_cache, meta.decode_block_tables)
-        mask = torch.arange(keys.shape[2], device=q.device) < meta.decode_seq_lens[:, None]
+        if "decode_mask" not in meta.per_batch:  # the same for every layer: build it once per batch
+            positions = torch.arange(keys.shape[2], device=q.device)
+            meta.per_batch["decode_mask"] = positions < meta.decode_seq_lens[:, None]
+        mask = meta.per_batch["decode_mask"]
         # One query per sequence: two batched matmuls beat the CPU SDPA kernel ~8x at this shape.
         hkv, nd, length, d = keys.shape
         qg = q.view(nd, hkv, self.num_heads // hkv, d).transpose(0, 1)  # [Hkv, nd, group, D]
