@@ -1,9 +1,7 @@
 """Engine configuration dataclasses."""
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 
 @dataclass
@@ -54,14 +52,3 @@ class EngineConfig:
                 raise ValueError(f"unknown engine option {key!r}")
             setattr(target, name, value)
         return cls(**sections)
-
-
-def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: int | None) -> dict:
-    """``EngineConfig.from_kwargs`` arguments from the Hydra ``model`` and ``scheduler`` groups (conf/)."""
-    kwargs = dict(model=str(Path(model["name"]).expanduser()) if "path" in model else model["name"],
-                  dtype=model["dtype"], device=model["device"], max_model_len=model["max_model_len"],
-                  kv_memory_gib=model["kv_memory_gib"], attention_backend=model["attention_backend"],
-                  runner=model["runner"], cost_model=model["cost_model"], clock=model["clock"],
-                  scheduler=scheduler["name"], max_num_seqs=scheduler["max_num_seqs"],
-                  max_num_batched_tokens=scheduler["max_num_batched_tokens"])
-    return kwargs if chunk_size is None else {**kwargs, "chunk_size": chunk_size}

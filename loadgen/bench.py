@@ -33,6 +33,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from engine import SCHEDULERS
+from engine.hydra_groups import engine_kwargs_from_groups, serve_overrides
+
 from loadgen import inprocess
 from loadgen.config_check import CONF_DIR, CONFIG_NAME, ConfigError, check, exit_on_config_error, validate_cli
 from loadgen.metrics import summarize
@@ -49,12 +52,11 @@ WARMUP_REQUESTS = 2  # short requests sent to a freshly started engine / server,
 
 def chunk_size(cfg: DictConfig) -> int | None:
     """The chunk size the run's policy uses; None for policies that ignore it."""
-    return int(cfg.chunk_size) if cfg.scheduler.chunked else None
+    return int(cfg.chunk_size) if SCHEDULERS[cfg.scheduler.name].chunked else None
 
 
 def engine_kwargs(cfg: DictConfig) -> dict:
     """``LLMEngine.from_kwargs`` arguments: the server-side knobs of a run."""
-    from engine.config import engine_kwargs_from_groups  # engine pulls in torch: import on use
     return engine_kwargs_from_groups(cfg.model, cfg.scheduler, chunk_size(cfg))
 
 
@@ -109,7 +111,7 @@ class Target(Protocol):
 
 def model_vocab_size(cfg: DictConfig) -> int:
     """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json."""
-    from engine.model.presets import resolve_model_path
+    from engine import resolve_model_path
 
     try:
         path = resolve_model_path(engine_kwargs(cfg)["model"])
@@ -173,20 +175,10 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _override_value(value) -> str:
-    """A Hydra override value: numbers, booleans and null as such, strings quoted literally."""
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return "null" if value is None else json.dumps(value)
-
-
-def serve_overrides(cfg: DictConfig, port: int) -> list[str]:
-    """``stallfree-serve`` command line (conf/serve.yaml shares the model / scheduler groups)."""
-    knobs = {f"model.{key}": value for key, value in _section(cfg, "model").items() if key != "path"}
-    knobs |= {f"scheduler.{key}": value for key, value in _section(cfg, "scheduler").items()}
-    knobs |= {"chunk_size": cfg.chunk_size, "host": cfg.target.host, "port": port,
-              "served_model_name": cfg.model.name}
-    return [f"{key}={_override_value(value)}" for key, value in knobs.items()]
+def _serve_command_line(cfg: DictConfig, port: int) -> list[str]:
+    """``stallfree-serve`` overrides (conf/serve.yaml shares the model / scheduler groups)."""
+    server = {"chunk_size": cfg.chunk_size, "host": cfg.target.host, "port": port, "served_model_name": cfg.model.name}
+    return serve_overrides(_section(cfg, "model"), _section(cfg, "scheduler"), server)
 
 
 def _die_with_parent() -> None:
@@ -204,7 +196,7 @@ def start_server(cfg: DictConfig, log_dir: Path) -> HttpTarget:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{port}.log"
     exe = Path(sys.executable).with_name("stallfree-serve")
-    command = [str(exe) if exe.exists() else "stallfree-serve", *serve_overrides(cfg, port)]
+    command = [str(exe) if exe.exists() else "stallfree-serve", *_serve_command_line(cfg, port)]
     target = HttpTarget(cfg, url, cfg.model.name)
     die_with_parent = _die_with_parent if sys.platform == "linux" else None
     with open(log_path, "w") as log:

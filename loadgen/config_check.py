@@ -15,33 +15,17 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from engine.hydra_groups import CONF_DIR, ConfigError, is_int, is_number, require
+
 CONFIG_NAME = "bench"
 MODES = ("run", "capacity")
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
 
 
-class ConfigError(ValueError):
-    """A bad setting; the message starts with the key."""
-
-
-def _need(ok: bool, key: str, rule: str, value: object) -> None:
-    if not ok:
-        raise ConfigError(f"{key} must be {rule}, got {value!r}")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _positive(cfg: DictConfig, key: str, optional: bool = False) -> None:
     value = OmegaConf.select(cfg, key)
     if not (optional and value is None):
-        _need(_is_number(value) and value > 0, key, "a number > 0" + (" or null" if optional else ""), value)
+        require(is_number(value) and value > 0, key, "a number > 0" + (" or null" if optional else ""), value)
 
 
 def check(cfg: DictConfig) -> None:
@@ -53,31 +37,31 @@ def check(cfg: DictConfig) -> None:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
-    _need(cfg.mode in MODES, "mode", f"one of {list(MODES)}", cfg.mode)
+    require(cfg.mode in MODES, "mode", f"one of {list(MODES)}", cfg.mode)
     _positive(cfg, "qps")
     for key in ("chunk_size", "num_requests"):
-        _need(_is_int(cfg[key]) and cfg[key] >= 1, key, "an integer >= 1", cfg[key])
-    _need(_is_int(cfg.seed), "seed", "an integer", cfg.seed)
-    _need(_is_int(cfg.warmup) and 0 <= cfg.warmup < cfg.num_requests, "warmup",
+        require(is_int(cfg[key]) and cfg[key] >= 1, key, "an integer >= 1", cfg[key])
+    require(is_int(cfg.seed), "seed", "an integer", cfg.seed)
+    require(is_int(cfg.warmup) and 0 <= cfg.warmup < cfg.num_requests, "warmup",
           f"an integer in [0, num_requests={cfg.num_requests})", cfg.warmup)
     path = cfg.model.get("path")
-    _need(path is None or Path(path).expanduser().is_dir(), "model.path", "a checkpoint directory", path)
+    require(path is None or Path(path).expanduser().is_dir(), "model.path", "a checkpoint directory", path)
     _positive(cfg, "model.kv_memory_gib")
-    _need(cfg.model.clock == "real" or cfg.target.kind == "inprocess", "model.clock",
+    require(cfg.model.clock == "real" or cfg.target.kind == "inprocess", "model.clock",
           "'real' unless target=inprocess (a server's virtual time means nothing to a client)", cfg.model.clock)
     _positive(cfg, "slo.tbt_ms", optional=True)
     _positive(cfg, "slo.tbt_multiple")
     _positive(cfg, "slo.ttft_ms", optional=True)
     _positive(cfg, "target.timeout_s")
     cap = OmegaConf.select(cfg, "target.max_in_flight")
-    _need(cap is None or (_is_int(cap) and cap >= 1), "target.max_in_flight", "an integer >= 1 or null", cap)
+    require(cap is None or (is_int(cap) and cap >= 1), "target.max_in_flight", "an integer >= 1 or null", cap)
     for key in ("num_seqs", "prompt_tokens", "output_tokens"):
         value = cfg.decode_probe[key]
-        _need(_is_int(value) and value >= 1, f"decode_probe.{key}", "an integer >= 1", value)
+        require(is_int(value) and value >= 1, f"decode_probe.{key}", "an integer >= 1", value)
     for key in ("start_qps", "min_qps", "max_qps", "tolerance", "max_p50_scheduling_delay_s"):
         _positive(cfg, f"capacity.{key}")
     c = cfg.capacity
-    _need(c.min_qps <= c.start_qps <= c.max_qps, "capacity.start_qps",
+    require(c.min_qps <= c.start_qps <= c.max_qps, "capacity.start_qps",
           f"within [capacity.min_qps={c.min_qps}, capacity.max_qps={c.max_qps}]", c.start_qps)
     _check_workload(cfg)
 

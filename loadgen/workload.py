@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.hydra_groups import require
+
 TRACES_DIR = Path(__file__).parent / "traces"
 
 
@@ -29,18 +31,13 @@ class RequestSpec:
     prompt: str | None = None  # optional text form, for targets that take text
 
 
-def _require(ok: bool, key: str, rule: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"{key} must be {rule}, got {value!r}")
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def _positive(key: str, value: object) -> None:
     number = isinstance(value, int | float | np.number) and not isinstance(value, bool)
-    _require(number and value > 0, key, "> 0", value)
+    require(number and value > 0, key, "> 0", value)
 
 
 @functools.cache
@@ -61,7 +58,7 @@ def _checked_trace(name: str, key: str, n: int) -> dict[str, np.ndarray]:
     except ValueError as e:
         raise ValueError(f"{key}: {e}") from None
     rows = len(next(iter(trace.values())))
-    _require(n <= rows, "num_requests", f"<= the {rows} rows of trace {name!r}", n)
+    require(n <= rows, "num_requests", f"<= the {rows} rows of trace {name!r}", n)
     return trace
 
 
@@ -96,7 +93,7 @@ def trace_arrivals(rng: np.random.Generator, n: int, time_scale: float = 1.0,
     """The first n recorded ``arrived_at`` times (relative to the first) x time_scale."""
     _positive("arrival.time_scale", time_scale)
     trace = _checked_trace(name, "arrival.name", n)
-    _require("arrived_at" in trace, "arrival.name", "a trace with an arrived_at column", name)
+    require("arrived_at" in trace, "arrival.name", "a trace with an arrived_at column", name)
     times = trace["arrived_at"][:n]
     return (times - times[0]) * time_scale
 
@@ -112,15 +109,15 @@ Lengths = tuple[np.ndarray, np.ndarray]
 
 
 def fixed(rng: np.random.Generator, n: int, prompt: int, output: int) -> Lengths:
-    _require(_is_int(prompt) and prompt >= 1, "lengths.prompt", "an integer >= 1", prompt)
-    _require(_is_int(output) and output >= 1, "lengths.output", "an integer >= 1", output)
+    require(_is_int(prompt) and prompt >= 1, "lengths.prompt", "an integer >= 1", prompt)
+    require(_is_int(output) and output >= 1, "lengths.output", "an integer >= 1", output)
     return np.full(n, prompt), np.full(n, output)
 
 
 def _power_law(rng: np.random.Generator, n: int, key: str, lo: int, hi: int, alpha: float) -> np.ndarray:
     """Integers in [lo, hi] with P(lo + k) proportional to (k + 1) ** -alpha (alpha=0: uniform)."""
-    _require(_is_int(lo) and lo >= 1, f"lengths.{key}_lo", "an integer >= 1", lo)
-    _require(_is_int(hi) and hi >= lo, f"lengths.{key}_hi", f"an integer >= {key}_lo ({lo})", hi)
+    require(_is_int(lo) and lo >= 1, f"lengths.{key}_lo", "an integer >= 1", lo)
+    require(_is_int(hi) and hi >= lo, f"lengths.{key}_hi", f"an integer >= {key}_lo ({lo})", hi)
     weights = np.arange(1, hi - lo + 2, dtype=float) ** -alpha
     return lo + rng.choice(hi - lo + 1, size=n, p=weights / weights.sum())
 
@@ -166,7 +163,7 @@ def clip_lengths(prompt: np.ndarray, output: np.ndarray, max_total_tokens: int) 
     The clipped prompt is round(prompt * max_total / total), kept within [1, max_total - 1]; the
     output gets the rest, so both stay >= 1 token. Requests that fit are unchanged.
     """
-    _require(max_total_tokens >= 2, "max_total_tokens", ">= 2", max_total_tokens)
+    require(max_total_tokens >= 2, "max_total_tokens", ">= 2", max_total_tokens)
     total = prompt + output
     over = total > max_total_tokens
     clipped_prompt = np.clip(np.rint(prompt * max_total_tokens / total), 1, max_total_tokens - 1).astype(int)
@@ -201,8 +198,8 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
 
     Raises ValueError naming the offending key for any bad setting.
     """
-    _require(num_requests >= 1, "num_requests", ">= 1", num_requests)
-    _require(vocab_size > low_token_id, "vocab_size", f"> low_token_id ({low_token_id})", vocab_size)
+    require(num_requests >= 1, "num_requests", ">= 1", num_requests)
+    require(vocab_size > low_token_id, "vocab_size", f"> low_token_id ({low_token_id})", vocab_size)
     arrival_rng, length_rng, token_rng = (np.random.default_rng(s)
                                           for s in np.random.SeedSequence(seed).spawn(3))
     offsets = _call(ARRIVALS, "arrival", arrival, arrival_rng, num_requests)

@@ -66,6 +66,8 @@ class Scheduler(ABC):
     """
 
     name: ClassVar[str]
+    # Uses SchedulerConfig.chunk_size as its per-iteration token budget (others ignore chunk_size).
+    chunked: ClassVar[bool] = False
     # Reserve KV blocks for the worst case (prompt + max_tokens) at admission instead of growing.
     reserve_worst_case: ClassVar[bool] = False
 

@@ -9,6 +9,7 @@ class ChunkedPrefillScheduler(Scheduler):
     """Chunked prefills without stall-free batching: prefill-chunk and decode iterations alternate."""
 
     name = "chunked_prefill"
+    chunked = True
 
     def __init__(self, config, kv, max_model_len):
         super().__init__(config, kv, max_model_len)

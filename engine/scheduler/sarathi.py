@@ -9,6 +9,7 @@ class SarathiScheduler(Scheduler):
     """Stall-free batching: every decode each iteration, prefill chunks fill the rest of ``chunk_size``."""
 
     name = "sarathi"
+    chunked = True
 
     def schedule(self, now: float) -> Batch:
         batch = Batch()

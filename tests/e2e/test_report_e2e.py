@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_analysis import FIGURES, check_executed_notebook
+from tests.analysis.test_analysis import FIGURES, check_executed_notebook
 
 from analysis import report
 

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
-from fake_sse_server import realtime_priority, running_fake_server
+from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 from loadgen.client import iter_body, read_head
 from loadgen.metrics import summarize

@@ -4,7 +4,7 @@ import torch
 
 from engine import LLMEngine, SamplingParams
 from engine.attention.native import load_paged_decode
-from tests.engine_helpers import make_prompts, run_staggered
+from tests.engine.helpers import make_prompts, run_staggered
 
 MAX_TOKENS = 12
 POLICY_CASES = [("vllm", 512), ("orca", 512), ("faster_transformer", 512)] + [

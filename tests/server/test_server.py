@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
 from engine.server import ServerConfig, main, start_server
-from engine.server_text import IncrementalDetokenizer, StopStringFilter
+from engine.server.text import IncrementalDetokenizer, StopStringFilter
 
 ENGINE = {"model": "tiny", "dtype": "float32", "scheduler": "sarathi", "chunk_size": 512, "num_blocks": 2048}
 PROMPT = "the quick brown fox jumps over the lazy dog"

@@ -1,5 +1,5 @@
 """analysis/: Pareto and capacity math on constructed data; loading, notebooks and the report on the
-SYNTHETIC results set of tests/make_results.py (a stand-in until an end-to-end `tiny` sweep)."""
+SYNTHETIC results set of tests/fakes/synthetic_results.py (a stand-in until an end-to-end `tiny` sweep)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
-from make_results import write_synthetic_results
+from tests.fakes.synthetic_results import write_synthetic_results
 
 from analysis import capacity, load, pareto, report, stalls
 

@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.server_metrics import ServerMetrics
-from engine.server_protocol import APIError
+from engine.server.metrics import ServerMetrics
+from engine.server.protocol import APIError
 
 logger = logging.getLogger("stallfree.server")
 T = TypeVar("T")

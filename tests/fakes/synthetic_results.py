@@ -11,7 +11,7 @@ batch rules on a virtual clock with a linear iteration-cost model:
 So TBT spikes line up with prefill-only iterations, and sarathi has the lower P99 TBT. It only stands
 in for a real `tiny` sweep until the end-to-end test runs one; nothing here is a measurement.
 
-    python tests/make_results.py OUT_DIR     # writes OUT_DIR/synthetic/...
+    python tests/fakes/synthetic_results.py OUT_DIR     # writes OUT_DIR/synthetic/...
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from engine.engine import LLMEngine
+from engine.hydra_groups import is_int, is_number, require
 from engine.request import SamplingParams
-from engine.server_format import OpenAIFormat, collect, stream_events
-from engine.server_generate import Generation
-from engine.server_http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
-from engine.server_loop import EngineLoop
-from engine.server_metrics import ServerMetrics
-from engine.server_protocol import (
+from engine.server.openai_format import OpenAIFormat, collect, stream_events
+from engine.server.generate import Generation
+from engine.server.http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
+from engine.server.loop import EngineLoop
+from engine.server.metrics import ServerMetrics
+from engine.server.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     APIError,
     ChatCompletionRequest,
@@ -29,6 +30,9 @@ from engine.server_protocol import (
     TokenizeRequest,
     validation_error,
 )
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @dataclass
@@ -43,25 +47,15 @@ class ServerConfig:
     log_level: str = "warning"
 
     def validate(self) -> None:
-        def check(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(message)
-
-        def is_int(v: object) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        check(isinstance(self.host, str) and bool(self.host), f"host must be a non-empty string, got {self.host!r}")
-        check(is_int(self.port) and 0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port!r}")
-        check(self.api_key is None or (isinstance(self.api_key, str) and bool(self.api_key)),
-              "api_key must be a non-empty string or null")
-        check(is_int(self.max_waiting) and self.max_waiting >= 1,
-              f"max_waiting must be an integer >= 1, got {self.max_waiting!r}")
-        check(is_int(self.max_body_bytes) and self.max_body_bytes >= 1,
-              f"max_body_bytes must be an integer >= 1, got {self.max_body_bytes!r}")
-        check(isinstance(self.timeout_graceful_shutdown, int | float) and self.timeout_graceful_shutdown >= 0,
-              f"timeout_graceful_shutdown must be >= 0, got {self.timeout_graceful_shutdown!r}")
-        check(self.log_level in ("critical", "error", "warning", "info", "debug", "trace"),
-              f"log_level must be one of critical|error|warning|info|debug|trace, got {self.log_level!r}")
+        require(isinstance(self.host, str) and bool(self.host), "host", "a non-empty string", self.host)
+        require(is_int(self.port) and 0 <= self.port <= 65535, "port", "in [0, 65535]", self.port)
+        require(self.api_key is None or (isinstance(self.api_key, str) and bool(self.api_key)), "api_key",
+                "a non-empty string or null", self.api_key)
+        for key in ("max_waiting", "max_body_bytes"):
+            require(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        require(is_number(self.timeout_graceful_shutdown) and self.timeout_graceful_shutdown >= 0,
+                "timeout_graceful_shutdown", ">= 0", self.timeout_graceful_shutdown)
+        require(self.log_level in LOG_LEVELS, "log_level", f"one of {'|'.join(LOG_LEVELS)}", self.log_level)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """loadgen/locustfile.py and target=locust: Locust runs as `locust` subprocesses (it monkeypatches with
 gevent on import, so it is never imported here) against an in-process tiny stallfree-serve or the fake
-SSE server (tests/fake_sse_server.py), all on 127.0.0.1.
+SSE server (tests/fakes/fake_sse_server.py), all on 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from fake_sse_server import running_fake_server
+from tests.fakes.fake_sse_server import running_fake_server
 from scipy import stats
 
 from engine.server import start_server
 from loadgen.locust_target import read_rows
 from loadgen.metrics import summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOCUST = Path(sys.executable).with_name("locust")
 LOCUSTFILE = ROOT / "loadgen" / "locustfile.py"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from engine.engine import LLMEngine
 from engine.outputs import BatchRecord, RequestOutput
 from engine.request import SamplingParams
-from engine.server_metrics import ServerMetrics
+from engine.server.metrics import ServerMetrics
 
 logger = logging.getLogger("stallfree.server")
 

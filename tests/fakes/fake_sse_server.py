@@ -5,7 +5,7 @@ the stallfree timing extension to the final chunk, so tests know the true latenc
 A raw asyncio HTTP/1.1 server (keep-alive, chunked SSE), run as its own process so it does not
 share a core or the GIL with the load generator under test:
 
-    python tests/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
+    python tests/fakes/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
 
 ``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
 """

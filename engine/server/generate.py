@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from engine.outputs import RequestOutput
 from engine.request import RequestMetrics, SamplingParams
-from engine.server_loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
-from engine.server_protocol import APIError
-from engine.server_text import ChoiceText
+from engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
+from engine.server.protocol import APIError
+from engine.server.text import ChoiceText
 
 RETRY_AFTER_S = 1
 

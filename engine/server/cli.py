@@ -1,0 +1,97 @@
+"""``stallfree-serve``: an OpenAI-compatible HTTP server over one LLMEngine (FastAPI + uvicorn).
+
+Command line (Hydra overrides of conf/serve.yaml, which reuses the ``model/`` and ``scheduler/`` groups):
+    stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000 [--api-key KEY]
+
+In process (tests, the bench harness): ``engine.server.start_server`` (engine/server/launcher.py).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+from engine.hydra_groups import CONF_DIR, engine_kwargs_from_groups, override, server_kwargs
+from engine.server.app import ServerConfig, build_app
+from engine.server.launcher import uvicorn_server
+
+CONFIG_NAME = "serve"
+USAGE = """usage: stallfree-serve [KEY=VALUE ...] [--api-key KEY] [--host HOST] [--port PORT]
+
+Hydra overrides of conf/serve.yaml, e.g.
+  stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000
+  stallfree-serve model=path model.path=/ckpt/llama scheduler=vllm api_key=secret
+Groups: model (tiny, small, path), scheduler (vllm, orca, faster_transformer, sarathi, chunked_prefill).
+Server keys: host, port (0: a free port), api_key, max_waiting, max_body_bytes, served_model_name,
+timeout_graceful_shutdown, log_level. Prints a "ready" line once it listens; SIGTERM stops it."""
+FLAGS = {"--api-key": "api_key", "--host": "host", "--port": "port"}
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def _overrides(args: list[str]) -> list[str]:
+    """Hydra overrides, with ``--api-key KEY`` / ``--port=N`` style flags turned into ``key=value``."""
+    out, rest = [], iter(args)
+    for arg in rest:
+        flag, eq, value = arg.partition("=")
+        if flag in FLAGS:
+            value = value if eq else next(rest, None)
+            if value is None:
+                raise ValueError(f"{flag} needs a value")
+            out.append(override(FLAGS[flag], value))
+        elif arg.startswith("-"):
+            raise ValueError(f"unknown option {arg!r} (see --help)")
+        else:
+            out.append(arg)
+    return out
+
+
+def _configs(args: list[str]) -> tuple[dict, ServerConfig]:
+    """Compose conf/serve.yaml with the overrides: (engine kwargs, server config)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="stallfree-serve"):
+        cfg = OmegaConf.to_container(compose(config_name=CONFIG_NAME, overrides=_overrides(args)), resolve=True,
+                                     throw_on_missing=True)
+    engine_kwargs = engine_kwargs_from_groups(cfg["model"], cfg["scheduler"], cfg["chunk_size"])
+    server_cfg = ServerConfig(**server_kwargs(cfg))
+    server_cfg.validate()
+    return engine_kwargs, server_cfg
+
+
+def _one_line(exc: BaseException) -> str:
+    from omegaconf.errors import OmegaConfBaseException
+
+    text = str(exc).split("Config search path")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(exc, OmegaConfBaseException) and lines:
+        return f"{exc.full_key}: {lines[0]}" if exc.full_key else lines[0]
+    return " ".join(lines) or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if {"-h", "--help"} & set(args):
+        print(USAGE)
+        return 0
+    try:
+        engine_kwargs, cfg = _configs(args)
+        app = build_app(engine_kwargs, cfg)
+    except Exception as exc:  # any bad value: one line, no traceback
+        print(f"stallfree-serve: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    server = uvicorn_server(app, cfg, on_ready=lambda s: print(
+        f"stallfree-serve ready: http://{cfg.host}:{s.port} model={engine_kwargs['model']} "
+        f"scheduler={engine_kwargs['scheduler']} chunk_size={engine_kwargs['chunk_size']}", flush=True))
+    # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown) and re-raises the signal afterwards:
+    # these no-op handlers make that re-raise end in a clean exit 0 instead of a kill or a traceback.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    print("stallfree-serve: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
