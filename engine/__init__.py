@@ -16,7 +16,8 @@ _EXPORTS = {
     "RequestOutput": "engine.outputs", "BatchRecord": "engine.outputs",
     "SCHEDULERS": "engine.scheduler", "resolve_model_path": "engine.model.presets",
 }
-__all__ = list(_EXPORTS)
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
+           "RequestMetrics", "RequestStatus", "RequestOutput", "BatchRecord", "SCHEDULERS", "resolve_model_path"]
 
 if TYPE_CHECKING:
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig

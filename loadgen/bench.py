@@ -35,7 +35,6 @@ from tqdm import tqdm
 
 from engine import SCHEDULERS
 from engine.hydra_groups import engine_kwargs_from_groups, serve_overrides
-
 from loadgen import inprocess
 from loadgen.config_check import CONF_DIR, CONFIG_NAME, ConfigError, check, exit_on_config_error, validate_cli
 from loadgen.metrics import summarize

@@ -6,7 +6,6 @@ sweep fails before its first run instead of Hydra printing a multi-line report o
 """
 from __future__ import annotations
 
-import math
 import re
 import sys
 from collections.abc import Callable, Sequence

@@ -16,11 +16,11 @@ from starlette.exceptions import HTTPException
 from engine.engine import LLMEngine
 from engine.hydra_groups import is_int, is_number, require
 from engine.request import SamplingParams
-from engine.server.openai_format import OpenAIFormat, collect, stream_events
 from engine.server.generate import Generation
 from engine.server.http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
 from engine.server.loop import EngineLoop
 from engine.server.metrics import ServerMetrics
+from engine.server.openai_format import OpenAIFormat, collect, stream_events
 from engine.server.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     APIError,
@@ -30,7 +30,6 @@ from engine.server.protocol import (
     TokenizeRequest,
     validation_error,
 )
-
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 

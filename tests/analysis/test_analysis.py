@@ -10,9 +10,9 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
-from tests.fakes.synthetic_results import write_synthetic_results
 
 from analysis import capacity, load, pareto, report, stalls
+from tests.fakes.synthetic_results import write_synthetic_results
 
 FIGURES = {"pareto": ["pareto_p99_tbt.png", "pareto_p50_ttft.png", "pareto_p99_ttft.png"],
            "capacity": ["capacity.png"], "stalls": ["stall_timeline.png"]}

@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.analysis.test_analysis import FIGURES, check_executed_notebook
 
 from analysis import report
+from tests.analysis.test_analysis import FIGURES, check_executed_notebook
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 

@@ -16,12 +16,12 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from tests.fakes.fake_sse_server import running_fake_server
 from scipy import stats
 
 from engine.server import start_server
 from loadgen.locust_target import read_rows
 from loadgen.metrics import summarize
+from tests.fakes.fake_sse_server import running_fake_server
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUST = Path(sys.executable).with_name("locust")

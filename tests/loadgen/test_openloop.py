@@ -7,13 +7,13 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
-from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 from loadgen.client import iter_body, read_head
 from loadgen.metrics import summarize
 from loadgen.openloop import run_open_loop, run_open_loop_sync
 from loadgen.results import REQUESTS_SCHEMA
 from loadgen.workload import RequestSpec, build_workload
+from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 TTFT_MS, TBT_MS = 20.0, 5.0
 
