@@ -27,6 +27,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py

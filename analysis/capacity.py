@@ -1,4 +1,4 @@
-"""Capacity: the highest QPS meeting a TBT SLO (DESIGN.md section 5), per policy, chunk size and SLO.
+"""Capacity: the highest QPS meeting a TBT SLO, per policy, chunk size and SLO.
 
 A run *passes* an SLO when `p99_tbt_ms <= slo_tbt_ms` and `median_scheduling_delay_ms <=
 max_scheduling_delay_ms` (2 s by default; a run without a scheduling delay is not held back by it).

@@ -5,6 +5,10 @@ of those, or a runs DataFrame from `load_runs` (then its `run_dir` column is use
 each run's `summary.json`; an experiment without run dirs falls back to its `summary.parquet` (such
 runs have no requests or batches). Dot-prefixed and `*.tmp` dirs are runs still being written and
 are skipped. Every frame carries the run keys `RUN_KEYS`, so frames join on them.
+
+Per-request latencies are loadgen's own (`loadgen.metrics.request_metrics`), so they agree with the
+run summaries. Whether a run's policy chunks prefills is read from the data: its summary's `chunk_size`
+is null for a policy that does not chunk.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from loadgen.metrics import request_metrics
+
 RUN_KEYS = ["experiment", "run_id", "scheduler", "chunk_size", "qps"]
 METRIC_COLUMNS = ["output_throughput", "p99_tbt_ms", "median_ttft_ms", "p99_ttft_ms",
                   "median_scheduling_delay_ms", "slo_tbt_ms", "slo_ttft_ms", "decode_iter_ms"]
 POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill")
-CHUNKED_POLICIES = frozenset({"sarathi", "chunked_prefill"})
 NO_CHUNK = "none"
 
 Source = str | Path | Iterable[str | Path] | pd.DataFrame
@@ -40,8 +45,8 @@ def load_runs(source: Source) -> pd.DataFrame:
     """One row per run: every summary.json key (at least `METRIC_COLUMNS`, NaN when absent), plus
     `run_dir` and the `chunk` / `config` labels.
 
-    `chunk_size` is kept only for chunking policies (`CHUNKED_POLICIES`); it is NA elsewhere, where
-    it does not change the schedule, and `chunk` is then "none". `config` is e.g. "vllm",
+    `chunk_size` is NA for runs of a policy that does not chunk (the bench records null there), and
+    `chunk` is then "none". `config` is e.g. "vllm",
     "sarathi-512". Rows are ordered by experiment, policy (`POLICIES` order), chunk size, QPS.
     """
     if isinstance(source, pd.DataFrame):
@@ -63,26 +68,19 @@ def load_runs(source: Source) -> pd.DataFrame:
 
 
 def load_requests(source: Source, measured_only: bool = True) -> pd.DataFrame:
-    """One row per request (requests.parquet) with run keys and derived columns, all in ms:
-
-    `ttft_ms` (first token - intended send), `e2e_ms` (last token - intended send), `tpot_ms`
-    ((e2e - ttft) / (output_tokens - 1), NaN below 2 tokens), `scheduling_delay_ms` (server first
-    scheduled - server arrival). `measured_only` keeps status "ok", non-warmup requests.
+    """One row per request (requests.parquet) with run keys and loadgen's per-request metrics
+    (`loadgen.metrics.request_metrics`, all in ms, NaN for failed requests): `ttft_ms` (first token -
+    intended send), `e2el_ms` (finish - intended send; also as `e2e_ms`), `tpot_ms` ((e2el - ttft) /
+    (output_tokens - 1), NaN below 2 tokens), `scheduling_delay_ms` (server first scheduled - server
+    arrival), and the others of that function. `measured_only` keeps status "ok", non-warmup requests.
     """
     requests = _per_run(source, "requests.parquet")
     if requests.empty:
-        return requests.reindex(columns=[*RUN_KEYS, "request_id", "ttft_ms", "e2e_ms", "tpot_ms"])
+        return requests.reindex(columns=[*RUN_KEYS, "request_id", "ttft_ms", "e2el_ms", "e2e_ms", "tpot_ms"])
     if measured_only:
         requests = requests[(requests["status"] == "ok") & ~requests["is_warmup"].astype(bool)]
-    last = requests["token_times"].map(_last).fillna(requests["finish_time"])
-    return requests.assign(
-        ttft_ms=(requests["first_token_time"] - requests["intended_send_time"]) * 1000.0,
-        e2e_ms=(last - requests["intended_send_time"]) * 1000.0,
-        tpot_ms=lambda r: ((r["e2e_ms"] - r["ttft_ms"]) / (r["output_tokens"] - 1))
-        .where(r["output_tokens"] > 1),
-        scheduling_delay_ms=(requests["server_first_scheduled_time"]
-                             - requests["server_arrival_time"]) * 1000.0,
-    ).reset_index(drop=True)
+    metrics = request_metrics(requests)
+    return metrics.assign(e2e_ms=metrics["e2el_ms"]).reset_index(drop=True)
 
 
 def token_gaps(requests: pd.DataFrame, times: str = "token_times") -> pd.DataFrame:
@@ -141,9 +139,9 @@ def coverage_note(runs: pd.DataFrame) -> str:
 
 
 def label_configs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Normalizes `chunk_size` (NA unless a chunking policy) and adds the `chunk` / `config` labels."""
-    chunked = frame["scheduler"].isin(CHUNKED_POLICIES)
-    chunk_size = pd.to_numeric(frame["chunk_size"]).astype("Int64").where(chunked)
+    """Types `chunk_size` (NA: the policy does not chunk) and adds the `chunk` / `config` labels."""
+    chunk_size = pd.to_numeric(frame["chunk_size"]).astype("Int64")
+    chunked = chunk_size.notna()
     chunk = chunk_size.astype("string").fillna(NO_CHUNK).astype(str)
     config = frame["scheduler"].astype(str) + ("-" + chunk).where(chunked, "")
     return frame.assign(chunk_size=chunk_size, chunk=chunk, config=config)
@@ -168,7 +166,3 @@ def _per_run(source: Source, filename: str) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=RUN_KEYS)
     return pd.concat(frames, ignore_index=True).astype({"chunk_size": "Int64", "qps": float})
-
-
-def _last(times) -> float:
-    return float(times[-1]) if times is not None and len(times) else np.nan

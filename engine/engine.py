@@ -2,22 +2,18 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import torch
 
-from engine.attention import make_attention_backend
 from engine.config import EngineConfig
 from engine.device import resolve_device, resolve_dtype
 from engine.kv_cache import KVCacheManager, blocks_for
 from engine.model.arch import ArchConfig
-from engine.model.loader import load_model
 from engine.model.presets import resolve_model_path
 from engine.outputs import BatchRecord, RequestOutput
 from engine.request import Request, RequestStatus, SamplingParams
-from engine.runner import ModelRunner
+from engine.runner.factory import make_runner
 from engine.scheduler import make_scheduler
-from engine.simulator import CostModel, SimulatedRunner, VirtualClock, profile_cost_model
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -41,28 +37,13 @@ class LLMEngine:
         self.vocab_size = arch.vocab_size
         num_blocks = cc.num_blocks or self._num_blocks_for_budget(arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
-        self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len)
-        if mc.runner == "model":
-            model = load_model(path, arch, self.max_model_len, self.dtype, self.device)
-            attn = make_attention_backend(mc.attention_backend, self.device, self.dtype, num_heads=arch.num_heads,
-                                          num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-                                          scale=arch.head_dim ** -0.5)
-            self.runner = ModelRunner(model, attn, self.kv, num_blocks, self.dtype, self.device, mc.seed)
-        elif mc.runner == "simulated":
-            if mc.clock not in ("real", "virtual"):
-                raise ValueError(f"unknown model.clock {mc.clock!r}; choose real or virtual")
-            cost_model = CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config)
-            virtual = VirtualClock() if mc.clock == "virtual" else None
-            if virtual is not None:
-                self.clock = virtual  # every timestamp the engine takes is simulated time
-            self.runner = SimulatedRunner(cost_model, self.kv, arch.vocab_size, self.eos_token_ids, virtual,
-                                          mc.seed)
-        else:
-            raise ValueError(f"unknown model.runner {mc.runner!r}; choose model or simulated")
-        self.requests: dict[str, Request] = {}
+        self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
+        self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
+                                              num_blocks=num_blocks, dtype=self.dtype, device=self.device,
+                                              eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
-        self._iterations = itertools.count()  # kept apart from batch_records, which a server may trim
+        self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
@@ -76,10 +57,6 @@ class LLMEngine:
         if self.device.type == "cuda" and cc.gpu_memory_utilization:
             budget = torch.cuda.mem_get_info(self.device)[0] * cc.gpu_memory_utilization
         return max(1, int(budget // bytes_per_block))
-
-    @staticmethod
-    def clock() -> float:
-        return time.time()
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -120,7 +97,7 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len} "
                              "(prompt plus at least one generated token must fit)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests:
+        if request_id in self.scheduler.requests:
             raise ValueError(f"duplicate request_id {request_id!r}")
         request = Request(request_id, token_ids, params,
                           self.clock() if arrival_time is None else arrival_time, self.max_model_len)
@@ -128,68 +105,43 @@ class LLMEngine:
         if needed > self.kv.num_blocks - self.kv.watermark_blocks:
             raise ValueError(f"request needs {needed} KV blocks but the cache has {self.kv.num_blocks}; "
                              "raise cache.kv_memory_gib or lower max_tokens")
-        self.requests[request_id] = request
         self.scheduler.add_request(request)
         return request_id
 
-    def abort(self, request_id: str) -> bool:
-        request = self.requests.get(request_id)
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End an unfinished request; its final output (finish_reason "abort"), or None if it was not live."""
+        request = self.scheduler.requests.get(request_id)
         if request is None:
-            return False
-        self._finish(request, RequestStatus.FINISHED_ABORTED, self.clock())
-        return True
+            return None
+        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED, self.clock())
+        return self._output(request, [])
 
     def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run, update. Returns an output for every request that got a token."""
         start = self.clock()
-        batch = self.scheduler.schedule(start)
-        if not batch.units:
-            if isinstance(self.clock, VirtualClock) and self.scheduler.waiting:
-                self.clock.advance_to(self.scheduler.waiting[0].metrics.arrival_time)  # idle until it arrives
+        scheduler_output = self.scheduler.schedule(start)
+        if not scheduler_output.units:
+            if (arrival := self.scheduler.next_arrival_time()) is not None:
+                self.clock.idle_until(arrival)
             return []
-        for unit in batch.units:
-            if unit.request.metrics.first_scheduled_time is None:
-                unit.request.metrics.first_scheduled_time = start
-        sampled = self.runner.execute(batch)
+        sampled = self.runner.execute_model(scheduler_output)
         end = self.clock()
-        outputs = []
-        for unit in batch.units:
-            request = unit.request
-            request.num_computed_tokens += unit.num_new_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue
-            request.output_token_ids.append(token)
-            request.metrics.token_times.append(end)
-            if request.metrics.first_token_time is None:
-                request.metrics.first_token_time = end
-            status = self._stop_status(request, token)
-            if status is not None:
-                self._finish(request, status, end)
-            outputs.append(self._output(request, [token]))
+        updated = self.scheduler.update_from_output(scheduler_output, sampled, end)
+        out = scheduler_output
         self.batch_records.append(BatchRecord(
             iteration=next(self._iterations), start_time=start, end_time=end,
-            num_prefill_tokens=batch.num_prefill_tokens, num_decode_tokens=batch.num_decode_tokens,
-            num_prefill_seqs=batch.num_prefill_seqs, num_decode_seqs=batch.num_decode_seqs,
-            num_preemptions=len(batch.preempted), num_kv_blocks_used=self.kv.num_used_blocks,
+            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+            num_prefill_seqs=out.num_prefill_seqs, num_decode_seqs=out.num_decode_seqs,
+            num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
             num_waiting=self.num_waiting, num_running=self.num_running))
-        return outputs
+        return [self._output(request, request.output_token_ids[-1:]) for request in updated]
+
+    def pop_batch_records(self) -> list[BatchRecord]:
+        """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""
+        records, self.batch_records = self.batch_records, []
+        return records
 
     # -- internals ---------------------------------------------------------------------------------
-
-    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
-        p = request.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-            return RequestStatus.FINISHED_STOPPED
-        if request.num_tokens >= request.max_num_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
-    def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
-        request.status = status
-        request.metrics.finish_time = now
-        self.scheduler.remove(request)
-        self.runner.release(request.request_id)
-        del self.requests[request.request_id]
 
     def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
         finished = request.status.finished

@@ -1,9 +1,9 @@
-"""Capacity search (DESIGN.md section 5): the highest QPS whose run has P99 TBT <= the SLO and P50
-scheduling delay <= a bound (2 s), with no failed request.
+"""Capacity search: the highest QPS whose run has P99 TBT <= the SLO and P50 scheduling delay <= a
+bound (``capacity.max_p50_scheduling_delay_s``, 2 s by default), with no failed request.
 
 From ``capacity.start_qps`` the search doubles (or halves) until it has a passing ``lo`` and a
 failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is a cached run of
-``stallfree-bench`` (loadgen.bench.run_point), so an interrupted search resumes where it stopped.
+``stallfree-bench`` (loadgen.runner.run_point), so an interrupted search resumes where it stopped.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
 ``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, slo_name,
 slo_tbt_ms, capacity_qps, ..., points} rebuilt from one file per search in ``.capacity/``.
@@ -21,8 +21,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen import bench
+from loadgen.bench_config import chunk_size
+from loadgen.live_target import LiveTarget
+from loadgen.plan import plan_run
 from loadgen.results import make_run_id
+from loadgen.runner import run_point
+from loadgen.slo import resolve_slo
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
 
@@ -106,39 +110,42 @@ def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
     return records
 
 
-def run_search(cfg: DictConfig) -> dict:
+def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
     """Search the capacity of the config's scheduler / chunk size under its SLO; record and return it."""
     c = cfg.capacity
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name
-    slo = bench.resolve_slo(cfg, exp_dir)
+    slo = resolve_slo(cfg, exp_dir, targets)
     max_delay_ms = c.max_p50_scheduling_delay_s * 1e3
 
     def measure(qps: float) -> Point:
         point_cfg = cfg.copy()
         point_cfg.qps = qps
-        point = point_from_summary(bench.run_point(point_cfg, capacity_slo=cfg.slo.name), slo["slo_tbt_ms"],
+        point = point_from_summary(run_point(point_cfg, targets, capacity_slo=cfg.slo.name), slo["slo_tbt_ms"],
                                    max_delay_ms)
         print(f"  qps {qps:g}: {'pass' if point.passed else 'fail'}", flush=True)
         return point
 
     result = search(measure, c.start_qps, c.min_qps, c.max_qps, c.tolerance)
-    plan = bench.plan_run(cfg, capacity_slo=cfg.slo.name)
-    record = {"scheduler": cfg.scheduler.name, "chunk_size": bench.chunk_size(cfg), **slo,
+    plan = plan_run(cfg, capacity_slo=cfg.slo.name)
+    record = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), **slo,
               "capacity_qps": result.capacity_qps, "bracketed": result.bracketed, "lo_qps": result.lo_qps,
               "hi_qps": result.hi_qps, "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": c.tolerance,
               **{k: plan.params[k] for k in RUN_PARAMS},
               "points": [asdict(p) for p in result.points]}
-    key = make_run_id({"scheduler": cfg.scheduler.name, "chunk_size": bench.chunk_size(cfg),
+    key = make_run_id({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg),
                        "slo": cfg.slo.name, "cfg": plan.digest})
     _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
     rebuild_capacity_json(exp_dir)
     bound = "" if result.bracketed else " (max_qps passed)" if result.lo_qps else " (none passed)"
-    print(f"[capacity] {cfg.scheduler.name} chunk_size={bench.chunk_size(cfg)} slo={cfg.slo.name} "
+    print(f"[capacity] {cfg.scheduler.name} chunk_size={chunk_size(cfg)} slo={cfg.slo.name} "
           f"({slo['slo_tbt_ms']:.0f} ms): {result.capacity_qps:g} qps{bound}, {len(result.points)} points",
           flush=True)
     return record
 
 
 def main() -> None:
-    sys.argv.append("+experiment=capacity")  # after any -m: Hydra takes overrides in one run
-    bench.main()
+    """``stallfree-capacity``: this process becomes ``stallfree-bench ARGS +experiment=capacity``
+    (exec, not import: the bench app sits above this module). The preset goes after any ``-m``:
+    Hydra takes overrides in one run."""
+    command = [sys.executable, "-m", "loadgen.bench", *sys.argv[1:], "+experiment=capacity"]
+    os.execv(sys.executable, command)

@@ -7,29 +7,29 @@ delimited bodies, http and https). httpx was measured first: on the 2-core test 
 A load generator has to stay far below its fair share of a core.
 
 ``send_request`` never raises: HTTP errors, connection errors, timeouts and cancellation all become
-a row of the requests.parquet schema (loadgen.results.REQUESTS_SCHEMA) with a status and an error.
+a RequestRecord with a status and an error.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+from loadgen.completions import (
+    CANCELLED,
+    COMPLETIONS_PATH,
+    NO_DONE,
+    ResponseError,
+    apply_sse_event,
+    completion_body,
+    failure_error,
+    timeout_error,
+)
+from loadgen.records import RequestRecord
 from loadgen.workload import RequestSpec
 
-COMPLETIONS_PATH = "/v1/completions"
-# server-side timing extension of the final chunk ("stallfree": {...}) -> row columns
-SERVER_FIELDS = {"arrival_time": "server_arrival_time", "first_scheduled_time": "server_first_scheduled_time",
-                 "finish_time": "server_finish_time", "token_times": "server_token_times",
-                 "num_preemptions": "num_preemptions"}
-
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class ResponseError(Exception):
-    """The server answered, but not with a complete successful stream."""
 
 
 class HttpClient:
@@ -106,48 +106,8 @@ def keeps_alive(headers: dict[str, str]) -> bool:
     return framed and headers.get("connection", "").lower() != "close"
 
 
-def new_row(spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> dict:
-    """The row of a request that was never sent (status aborted, error "not sent")."""
-    return {
-        "request_id": spec.request_id, "status": "aborted", "error": "not sent", "is_warmup": is_warmup,
-        "prompt_tokens": len(spec.prompt_token_ids), "max_tokens": spec.max_tokens, "output_tokens": 0,
-        "intended_send_time": intended_send_time, "send_time": None, "first_token_time": None,
-        "finish_time": None, "token_times": [],
-        **dict.fromkeys(SERVER_FIELDS.values()),
-    }
-
-
-def tokens_in_chunk(chunk: dict) -> int:
-    """Tokens carried by one stream chunk: its token_ids / logprobs.tokens when present, otherwise
-    one per chunk with a choice, except an empty-text chunk that only carries a finish_reason."""
-    if not chunk.get("choices"):
-        return 0
-    choice = chunk["choices"][0]
-    if choice.get("token_ids") is not None:
-        return len(choice["token_ids"])
-    if (choice.get("logprobs") or {}).get("tokens") is not None:
-        return len(choice["logprobs"]["tokens"])
-    return int(bool(choice.get("text")) or choice.get("finish_reason") is None)
-
-
-def _handle_event(data: bytes, received: float, row: dict) -> None:
-    """Apply one SSE ``data:`` payload to the row."""
-    if data == b"[DONE]":
-        row["status"] = "ok"
-        return
-    chunk = json.loads(data)
-    if "error" in chunk:
-        raise ResponseError(f"server error in stream: {chunk['error']}")
-    row["token_times"].extend([received] * tokens_in_chunk(chunk))
-    if (chunk.get("usage") or {}).get("completion_tokens") is not None:
-        row["output_tokens"] = chunk["usage"]["completion_tokens"]
-    for key, value in (chunk.get("stallfree") or {}).items():
-        if key in SERVER_FIELDS:
-            row[SERVER_FIELDS[key]] = value
-
-
-async def _stream(client: HttpClient, body: bytes, row: dict) -> None:
-    """POST and consume the SSE stream, filling row in place; raises on failure."""
+async def _stream(client: HttpClient, body: bytes, record: RequestRecord) -> None:
+    """POST and consume the SSE stream, filling the record in place; raises on failure."""
     conn = await client.acquire()
     reusable = False
     try:
@@ -162,42 +122,33 @@ async def _stream(client: HttpClient, body: bytes, row: dict) -> None:
             *lines, pending = (pending + piece).split(b"\n")
             for line in lines:
                 if line.startswith(b"data:"):
-                    _handle_event(line[5:].strip(), received, row)
+                    apply_sse_event(line[5:].strip(), received, record)
         reusable = keeps_alive(headers)
     finally:
         client.release(conn, reusable)
-    if row["status"] != "ok":
-        raise ResponseError("stream ended without data: [DONE]")
+    if record.status != "ok":
+        raise ResponseError(NO_DONE)
 
 
 async def send_request(client: HttpClient, spec: RequestSpec, *, model: str, intended_send_time: float,
-                       timeout_s: float, is_warmup: bool = False) -> dict:
-    """POST one streaming completion now; return its row (never raises).
+                       timeout_s: float, is_warmup: bool = False) -> RequestRecord:
+    """POST one streaming completion now; return its record (never raises).
 
     status: ok (stream finished with ``data: [DONE]``), timeout (no complete response within
-    timeout_s), aborted (the task was cancelled), error (anything else; the message is in
-    ``error``). output_tokens is the final usage.completion_tokens of a successful stream when
-    the server sends it, else the number of tokens received.
+    timeout_s), aborted (the task was cancelled), error (anything else; the message is in ``error``).
     """
-    row = new_row(spec, intended_send_time=intended_send_time, is_warmup=is_warmup)
-    body = json.dumps({"model": model, "prompt": spec.prompt_token_ids, "max_tokens": spec.max_tokens,
-                       "temperature": 0, "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    row["send_time"], row["error"] = time.time(), None
+    record = RequestRecord.unsent(spec, intended_send_time=intended_send_time, is_warmup=is_warmup)
+    body = completion_body(spec, model)
+    record.mark_sent(time.time())
+    status, error = "ok", None
     try:
         async with asyncio.timeout(timeout_s):
-            await _stream(client, body, row)
+            await _stream(client, body, record)
     except TimeoutError:
-        row["status"], row["error"] = "timeout", f"no complete response within {timeout_s} s"
+        status, error = "timeout", timeout_error(timeout_s)
     except asyncio.CancelledError:
-        row["status"], row["error"] = "aborted", "cancelled while in flight"
-    except ResponseError as e:
-        row["status"], row["error"] = "error", str(e)
-    except Exception as e:  # connection and protocol failures: every failure must become a row
-        row["status"], row["error"] = "error", f"{type(e).__name__}: {e}"
-    row["finish_time"] = time.time()
-    if row["token_times"]:
-        row["first_token_time"] = row["token_times"][0]
-    if row["status"] != "ok" or row["output_tokens"] == 0:
-        row["output_tokens"] = len(row["token_times"])
-    return row
+        status, error = "aborted", CANCELLED
+    except Exception as e:  # connection and protocol failures: every failure must become a record
+        status, error = "error", failure_error(e)
+    record.end(status, error, time.time())
+    return record

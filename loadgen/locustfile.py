@@ -22,29 +22,26 @@ loadgen.workload), or from --specs-file (JSON lines of RequestSpec; worker i of 
 from the i-th): that is how target=locust replays a bench run. --num-requests or --specs-file bound the
 run: it ends once every request is done. Otherwise it runs until stopped.
 
-Raw rows: with --rows-dir DIR every process appends one row per request (the requests.parquet schema,
-epoch seconds at full precision) as a JSON line to DIR/rows-<role><index>-<pid>.jsonl the moment the
-request ends; loadgen.locust_target.read_rows merges the files. Files rather than Locust messages: a
-row is on disk whatever order master and workers stop in (one host, or a shared directory).
+Raw records: with --rows-dir DIR every process appends one RequestRecord per request (epoch seconds at
+full precision) as a JSON line to DIR/rows-<role><index>-<pid>.jsonl the moment the request ends;
+loadgen.targets.locust_run.read_records merges the files. Files rather than Locust messages: a record
+is on disk whatever order master and workers stop in (one host, or a shared directory).
 
 --step-users (closed loop) or --step-qps (open loop) with --step-seconds installs StepShape, a
 LoadTestShape that steps the load through a list, for finding the knee by hand.
+
+The schedule lives in loadgen.locust_schedule, the request and its statistics in loadgen.locust_requests.
 """
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import json
-import math
 import os
 import sys
 import time
-from argparse import Namespace
-from collections.abc import Iterator
 from pathlib import Path
 
 import gevent
-import numpy as np
-import yaml
 from gevent import GreenletExit
 from gevent.pool import Group
 from locust import FastHttpUser, LoadTestShape, events, task
@@ -55,16 +52,14 @@ from locust.exception import StopUser
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from loadgen.client import COMPLETIONS_PATH, ResponseError, _handle_event, new_row
-from loadgen.config_check import CONF_DIR
+from loadgen.completions import ResponseError
+from loadgen.locust_requests import fire, report, stream_completion
+from loadgen.locust_schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
 from loadgen.metrics import MAX_SCHEDULE_LAG_P99_MS
-from loadgen.workload import RequestSpec, build_workload
+from loadgen.records import RequestRecord
+from loadgen.workload import RequestSpec
 
-REQUEST_TYPE = "LLM"
 DONE_MESSAGE = "stallfree_done"  # a process -> the master (or itself): all of its requests have ended
-BLOCK = 256  # generated schedules are built this many requests at a time
-HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-WORKLOADS = sorted(p.stem for p in (CONF_DIR / "workload").glob("*.yaml"))
 
 
 @events.init_command_line_parser.add_listener
@@ -88,141 +83,6 @@ def _add_options(parser: LocustArgumentParser) -> None:
     add("--step-seconds", type=float, default=30.0, help="StepShape: duration of each step")
     add("--specs-file", default="", include_in_web_ui=False, help="replay these requests (JSON lines)")
     add("--rows-dir", default="", include_in_web_ui=False, help="write raw per-request rows here")
-
-
-# ------------------------------------------------------------------------------------- requests
-
-
-def _numbers(text: str, option: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{option} must be comma-separated numbers, got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise ValueError(f"{option} values must be > 0, got {text!r}")
-    return values
-
-
-def _lengths(opts: Namespace) -> tuple[dict, int | None]:
-    """(lengths config, max_total_tokens) of the requests: --workload, or fixed with --prompt-len / --max-tokens."""
-    workload = yaml.safe_load((CONF_DIR / "workload" / f"{opts.workload}.yaml").read_text())
-    if not (opts.prompt_len or opts.max_tokens):
-        return workload["lengths"], workload.get("max_total_tokens")
-    fixed = yaml.safe_load((CONF_DIR / "workload" / "fixed.yaml").read_text())["lengths"]
-    return {**fixed, "prompt": opts.prompt_len or fixed["prompt"], "output": opts.max_tokens or fixed["output"]}, None
-
-
-def generated_specs(opts: Namespace, index: int, workers: int) -> Iterator[RequestSpec]:
-    """Process ``index`` of ``workers``: Poisson arrivals at qps / workers (with --step-qps: each step's
-    rate for --step-seconds, then the schedule ends), send_offset_s from the test start. Built BLOCK
-    requests at a time from seeds (seed, index, step, block); the first request of each block (sent at
-    the block start) is left out, so every gap is exponential, across blocks and steps too."""
-    lengths, max_total_tokens = _lengths(opts)
-    rates = _numbers(opts.step_qps, "--step-qps") or [opts.qps]
-    step_s = opts.step_seconds if opts.step_qps else math.inf
-    ids = itertools.count()
-    for step, qps in enumerate(rates):
-        start, end = (step * step_s if step else 0.0), (step + 1) * step_s
-        for block in itertools.count():
-            seed = int(np.random.SeedSequence([opts.seed, index, step, block]).generate_state(1)[0])
-            specs = build_workload({"kind": "poisson", "qps": qps / workers}, lengths, BLOCK + 1, seed,
-                                   opts.vocab_size, max_total_tokens)[1:]
-            for spec in specs:
-                spec.send_offset_s += start
-                spec.request_id = f"p{index}-{next(ids):06d}"
-            kept = [spec for spec in specs if spec.send_offset_s < end]
-            yield from kept
-            if len(kept) < len(specs):
-                break
-            start = specs[-1].send_offset_s
-
-
-def process_specs(opts: Namespace, index: int, workers: int) -> tuple[Iterator[RequestSpec], int | None]:
-    """This process's requests and their number (None: unbounded)."""
-    if opts.specs_file:
-        lines = Path(opts.specs_file).read_text().splitlines()[index::workers]
-        return (RequestSpec(**json.loads(line)) for line in lines), len(lines)
-    specs = generated_specs(opts, index, workers)
-    if not opts.num_requests:
-        return specs, None
-    count = len(range(index, opts.num_requests, workers))
-    return itertools.islice(specs, count), count
-
-
-def completion_body(spec: RequestSpec, model: str) -> bytes:
-    body = {"prompt": spec.prompt_token_ids, "max_tokens": spec.max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    return json.dumps({"model": model, **body} if model else body).encode()
-
-
-def _read_stream(response, row: dict) -> None:
-    """Apply the SSE events of a streaming response to the row as they arrive; raise on failure."""
-    if response.status_code != 200:
-        if not response.status_code:  # no HTTP response: the connection failed or timed out
-            raise getattr(response.error, "original", None) or response.error  # unwrap RetriesExceeded
-        raise ResponseError(f"HTTP {response.status_code}: {(response.text or '')[:500]}")
-    body = response._response  # geventhttpclient's: readline returns each line as soon as it is in
-    while line := body.readline(b"\n"):
-        if line.startswith(b"data:"):
-            _handle_event(line[5:].strip(), time.time(), row)
-    if row["status"] != "ok":
-        raise ResponseError("stream ended without data: [DONE]")
-
-
-def stream_completion(client: FastHttpSession, spec: RequestSpec, *, model: str, intended_send_time: float,
-                      timeout_s: float) -> tuple[dict, bool]:
-    """POST one streaming completion now and read it to the end: its requests.parquet row (statuses as in
-    loadgen.client.send_request) and whether the greenlet was killed meanwhile."""
-    row = new_row(spec, intended_send_time=intended_send_time, is_warmup=False)
-    row["send_time"], row["error"] = time.time(), None
-    deadline, killed, response = gevent.Timeout(timeout_s), False, None
-    deadline.start()
-    try:
-        # catch_response without a with-block: Locust reports nothing for the request itself (its own
-        # timing would end at the response headers); report() fires "E2E" for the whole stream
-        response = client.post(COMPLETIONS_PATH, data=completion_body(spec, model), headers=HEADERS,
-                               stream=True, catch_response=True)
-        _read_stream(response, row)
-    except gevent.Timeout as e:
-        if e is not deadline:
-            raise
-        row["status"], row["error"] = "timeout", f"no complete response within {timeout_s} s"
-    except GreenletExit:
-        row["status"], row["error"], killed = "aborted", "cancelled while in flight", True
-    except ResponseError as e:
-        row["status"], row["error"] = "error", str(e)
-    except Exception as e:  # connection and protocol failures: every failure must become a row
-        row["status"], row["error"] = "error", f"{type(e).__name__}: {e}"
-    finally:
-        deadline.close()
-        if getattr(response, "_response", None) is not None:  # None: no HTTP response at all
-            response._response.release()  # an unfinished stream closes its connection (the server aborts it)
-    row["finish_time"] = time.time()
-    if row["token_times"]:
-        row["first_token_time"] = row["token_times"][0]
-    if row["status"] != "ok" or row["output_tokens"] == 0:
-        row["output_tokens"] = len(row["token_times"])
-    return row, killed
-
-
-# ------------------------------------------------------------------------------------- statistics
-
-
-def _fire(environment: Environment, name: str, value: float, exception: Exception | None = None) -> None:
-    environment.events.request.fire(request_type=REQUEST_TYPE, name=name, response_time=value,
-                                    response_length=0, exception=exception, context={})
-
-
-def report(environment: Environment, row: dict) -> None:
-    """The Locust events of one sent request: E2E always; TTFT, each TBT and output_tokens when ok."""
-    ok = row["status"] == "ok"
-    _fire(environment, "E2E", (row["finish_time"] - row["intended_send_time"]) * 1e3,
-          None if ok else ResponseError(f"{row['status']}: {row['error']}"))
-    if ok and row["token_times"]:
-        _fire(environment, "TTFT", (row["first_token_time"] - row["intended_send_time"]) * 1e3)
-        for gap in np.diff(row["token_times"]) * 1e3:
-            _fire(environment, "TBT", float(gap))
-        _fire(environment, "output_tokens", row["output_tokens"])
 
 
 class ProcessRun:
@@ -252,10 +112,10 @@ class ProcessRun:
             self.start_wall, self.start_mono = time.time(), time.monotonic()
 
     def send(self, client: FastHttpSession, spec: RequestSpec, intended_send_time: float) -> None:
-        row, killed = stream_completion(client, spec, model=self.opts.model, intended_send_time=intended_send_time,
-                                        timeout_s=self.opts.request_timeout)
-        report(self.environment, row)
-        self.record(row)
+        record, killed = stream_completion(client, spec, model=self.opts.model,
+                                           intended_send_time=intended_send_time, timeout_s=self.opts.request_timeout)
+        report(self.environment, record)
+        self.record(record)
         if killed:
             raise GreenletExit
 
@@ -265,19 +125,19 @@ class ProcessRun:
         gevent.sleep(max(0.0, self.start_mono + spec.send_offset_s - time.monotonic()))
         lag_ms = (time.time() - intended) * 1e3
         if lag_ms > MAX_SCHEDULE_LAG_P99_MS:
-            _fire(self.environment, "late", lag_ms)
+            fire(self.environment, "late", lag_ms)
         cap = self.opts.max_in_flight
         if cap and len(self.in_flight) >= cap:
-            row = new_row(spec, intended_send_time=intended, is_warmup=False)
-            row["error"] = f"dropped: {cap} requests in flight (--max-in-flight)"
-            _fire(self.environment, "dropped", 0.0, ResponseError(row["error"]))
-            self.record(row)
+            record = RequestRecord.unsent(spec, intended_send_time=intended, is_warmup=False)
+            record.error = f"dropped: {cap} requests in flight (--max-in-flight)"
+            fire(self.environment, "dropped", 0.0, ResponseError(record.error))
+            self.record(record)
         else:
             self.in_flight.spawn(self.send, client, spec, intended)
 
-    def record(self, row: dict) -> None:
+    def record(self, record: RequestRecord) -> None:
         if self.rows_file is not None:
-            self.rows_file.write(json.dumps(row) + "\n")
+            self.rows_file.write(json.dumps(dataclasses.asdict(record)) + "\n")
             self.rows_file.flush()
         if self.remaining is not None:
             self.remaining -= 1
@@ -285,7 +145,7 @@ class ProcessRun:
                 self.environment.runner.send_message(DONE_MESSAGE, self.index)
 
     def close(self) -> None:
-        """Test stop: requests still in flight end as aborted rows; the rows file is closed."""
+        """Test stop: requests still in flight end as aborted records; the rows file is closed."""
         self.stopping = True
         self.in_flight.kill(block=True)
         if self.rows_file is not None:
@@ -337,9 +197,9 @@ class StepShape(LoadTestShape):
 
     def tick(self) -> tuple[int, float] | None:
         opts = self.runner.environment.parsed_options
-        users = [int(u) for u in _numbers(opts.step_users, "--step-users")]
+        users = [int(u) for u in parse_numbers(opts.step_users, "--step-users")]
         step = int(self.get_run_time() // opts.step_seconds)
-        if step >= len(users or _numbers(opts.step_qps, "--step-qps")):
+        if step >= len(users or parse_numbers(opts.step_qps, "--step-qps")):
             return None
         count = users[step] if users else opts.num_users
         return count, opts.spawn_rate or count
@@ -373,8 +233,8 @@ def _on_init(environment: Environment, runner, **_) -> None:
     if opts is None:  # Locust used as a library: no command line
         return
     try:
-        _lengths(opts)
-        steps = [_numbers(opts.step_users, "--step-users"), _numbers(opts.step_qps, "--step-qps")]
+        request_lengths(opts)
+        steps = [parse_numbers(opts.step_users, "--step-users"), parse_numbers(opts.step_qps, "--step-qps")]
     except (ValueError, OSError) as e:
         sys.exit(f"locustfile: {e}")
     if all(steps) and len(steps[0]) != len(steps[1]):

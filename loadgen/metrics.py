@@ -1,8 +1,12 @@
-"""Per-request metrics and the run summary (DESIGN.md section 5), with vLLM benchmark key names.
+"""Per-request metrics and the run summary, with vLLM benchmark key names.
 
-Input is a DataFrame with the requests.parquet schema (docs/contracts.md). Warm-up rows are left
-out of everything; failed rows (status != ok) are left out of latency statistics but counted in
-``failed``. Times in the input are epoch seconds; every ``*_ms`` output is milliseconds.
+The one definition of every latency, used by the run summary here and by analysis/ alike: latencies
+count from the intended send time (the open-loop schedule), and a request's end-to-end latency runs to
+its ``finish_time``, when its response ended (as vLLM's e2el does), not to its last token.
+
+Input is a DataFrame with the requests.parquet columns (loadgen.records.RequestRecord). Warm-up rows
+are left out of the summary; failed rows (status != ok) are left out of latency statistics but counted
+in ``failed``. Times in the input are epoch seconds; every ``*_ms`` output is milliseconds.
 """
 from __future__ import annotations
 
@@ -24,15 +28,17 @@ def _gaps_ms(token_times) -> np.ndarray:
     return np.diff(np.asarray(token_times, dtype=float)) * 1e3
 
 
-def per_request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
-    """The non-warm-up rows plus per-request metric columns (ms; NaN where not defined).
+def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """Every row plus per-request metric columns (ms; NaN where not defined, and for failed requests).
 
     ``tbt_ms`` holds each request's gaps between consecutive tokens (an array); the scalar columns
-    are ttft_ms (from the intended send), ttft_from_send_ms (from the actual send), e2el_ms,
-    tpot_ms (only for > 1 output token), normalized_latency_ms, scheduling_delay_ms (server side),
-    max_tbt_ms and schedule_lag_ms (actual - intended send; defined for failed requests too).
+    are ttft_ms (first token - intended send), ttft_from_send_ms (first token - actual send),
+    e2el_ms (finish - intended send), tpot_ms ((e2el - ttft) / (output_tokens - 1), only for > 1
+    output token), normalized_latency_ms (e2el / output_tokens), scheduling_delay_ms (server first
+    scheduled - server arrival), max_tbt_ms and schedule_lag_ms (actual - intended send; defined
+    for failed requests too).
     """
-    df = requests[~requests["is_warmup"].astype(bool)].copy()
+    df = requests.copy()
     for col in TIME_COLUMNS:
         df[col] = df[col].astype(float)
     ok = df["status"] == "ok"
@@ -48,6 +54,11 @@ def per_request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     df["tbt_ms"] = [_gaps_ms(t) if good else np.empty(0) for t, good in zip(df["token_times"], ok, strict=True)]
     df["max_tbt_ms"] = [g.max() if len(g) else np.nan for g in df["tbt_ms"]]
     return df
+
+
+def per_request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """``request_metrics`` of the non-warm-up rows: the requests a summary measures."""
+    return request_metrics(requests[~requests["is_warmup"].astype(bool)])
 
 
 def _stats(name: str, values) -> dict[str, float | None]:

@@ -9,24 +9,25 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from loadgen.client import HttpClient, new_row, send_request
+from loadgen.client import HttpClient, send_request
+from loadgen.records import RequestRecord
 from loadgen.workload import RequestSpec
 
 
 async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,
                         max_in_flight: int | None = None, timeout_s: float, warmup: int = 0,
                         duration_s: float | None = None, api_key: str | None = None,
-                        progress: Callable[[dict], None] | None = None) -> list[dict]:
-    """Send ``specs`` open loop to an OpenAI-compatible server; return one row per spec, in order.
+                        progress: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+    """Send ``specs`` open loop to an OpenAI-compatible server; return one record per spec, in order.
 
     * ``max_in_flight``: at most this many requests in flight; a request due while the cap is
       reached is sent as soon as a slot frees (its schedule lag shows the wait).
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
     * ``duration_s``: only specs with ``send_offset_s < duration_s`` belong to the run; the others
-      are dropped (no rows).
-    * ``progress(row)`` is called as each request finishes.
+      are dropped (no records).
+    * ``progress(record)`` is called as each request finishes.
     * Cancellation (task cancel, Ctrl-C under ``run_open_loop_sync``) stops cleanly and returns the
-      rows: in-flight requests become ``aborted``, unsent ones ``aborted`` with error "not sent".
+      records: in-flight requests become ``aborted``, unsent ones ``aborted`` with error "not sent".
     """
     if duration_s is not None:
         specs = [spec for spec in specs if spec.send_offset_s < duration_s]
@@ -38,19 +39,19 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
         start_wall, start_loop = time.time(), loop.time()
         intended = [start_wall + spec.send_offset_s for spec in specs]
 
-        def unsent_row(i: int) -> dict:
-            return new_row(specs[i], intended_send_time=intended[i], is_warmup=i < warmup)
+        def unsent(i: int) -> RequestRecord:
+            return RequestRecord.unsent(specs[i], intended_send_time=intended[i], is_warmup=i < warmup)
 
-        async def dispatch(i: int) -> dict:
+        async def dispatch(i: int) -> RequestRecord:
             try:
                 async with gate:
-                    row = await send_request(http, specs[i], model=model, timeout_s=timeout_s,
-                                             intended_send_time=intended[i], is_warmup=i < warmup)
+                    record = await send_request(http, specs[i], model=model, timeout_s=timeout_s,
+                                                intended_send_time=intended[i], is_warmup=i < warmup)
             except asyncio.CancelledError:  # cancelled while waiting for a slot
-                row = unsent_row(i)
+                record = unsent(i)
             if progress is not None:
-                progress(row)
-            return row
+                progress(record)
+            return record
 
         try:
             for i, spec in enumerate(specs):
@@ -64,11 +65,11 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
             if tasks:
                 await asyncio.wait(tasks)
 
-    # a task cancelled before it ever ran has no row of its own
-    return [tasks[i].result() if i < len(tasks) and not tasks[i].cancelled() else unsent_row(i)
+    # a task cancelled before it ever ran has no record of its own
+    return [tasks[i].result() if i < len(tasks) and not tasks[i].cancelled() else unsent(i)
             for i in range(len(specs))]
 
 
-def run_open_loop_sync(base_url: str, specs: Sequence[RequestSpec], **kwargs) -> list[dict]:
-    """``run_open_loop`` in a fresh event loop; Ctrl-C stops the run and still returns the rows."""
+def run_open_loop_sync(base_url: str, specs: Sequence[RequestSpec], **kwargs) -> list[RequestRecord]:
+    """``run_open_loop`` in a fresh event loop; Ctrl-C stops the run and still returns the records."""
     return asyncio.run(run_open_loop(base_url, specs, **kwargs))

@@ -1,15 +1,21 @@
-"""Run outputs (DESIGN.md section 6): results/<experiment>/<run_id>/{config.yaml, requests.parquet,
-batches.parquet, summary.json}, written into a temporary directory and renamed when complete, and
+"""Run outputs: results/<experiment>/<run_id>/{config.yaml, requests.parquet, batches.parquet,
+summary.json}, written into a temporary directory and renamed when complete, and
 results/<experiment>/summary.parquet with one row per complete run.
+
+requests.parquet has one row per RequestRecord; its schema is derived from the dataclass's fields.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import types
+import typing
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -17,18 +23,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-_TIME = pa.float64()
-_TIMES = pa.list_(pa.float64())
-REQUESTS_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("status", pa.string()), ("error", pa.string()), ("is_warmup", pa.bool_()),
-    ("prompt_tokens", pa.int64()), ("max_tokens", pa.int64()), ("output_tokens", pa.int64()),
-    ("intended_send_time", _TIME), ("send_time", _TIME), ("first_token_time", _TIME), ("finish_time", _TIME),
-    ("token_times", _TIMES),
-    ("server_arrival_time", _TIME), ("server_first_scheduled_time", _TIME), ("server_finish_time", _TIME),
-    ("server_token_times", _TIMES),
-    ("num_preemptions", pa.int64()),
-])
+from loadgen.records import RequestRecord
+
+ARROW_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
+               list[float]: pa.list_(pa.float64())}
 MAX_RUN_ID_LEN = 180
+
+
+def arrow_type(annotation) -> pa.DataType:
+    """The Arrow type of a field annotation; ``X | None`` is X (every column is nullable)."""
+    if isinstance(annotation, types.UnionType):
+        [annotation] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    return ARROW_TYPES[annotation]
+
+
+def arrow_schema(record_type: type) -> pa.Schema:
+    """One nullable column per dataclass field, in field order."""
+    hints = typing.get_type_hints(record_type)
+    return pa.schema([(f.name, arrow_type(hints[f.name])) for f in dataclasses.fields(record_type)])
+
+
+REQUESTS_SCHEMA = arrow_schema(RequestRecord)
 
 
 def make_run_id(params: dict) -> str:
@@ -52,11 +67,16 @@ def _json_value(value):
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: list[dict], summary: dict,
-              batches: list[dict] | None = None) -> Path:
+def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+    """The records as a DataFrame with the requests.parquet columns (what loadgen.metrics reads)."""
+    return pd.DataFrame([dataclasses.asdict(r) for r in records], columns=REQUESTS_SCHEMA.names)
+
+
+def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: Sequence[RequestRecord],
+              summary: dict, batches: list[dict] | None = None) -> Path:
     """Write one run into ``exp_dir/.<run_id>.tmp-<pid>`` and rename it to ``exp_dir/<run_id>``.
 
-    ``config`` is a dict or already-rendered YAML; ``requests`` are rows of REQUESTS_SCHEMA. An
+    ``config`` is a dict or already-rendered YAML; ``requests`` become requests.parquet. An
     existing run directory of the same id is replaced. Returns the run directory.
     """
     exp_dir = Path(exp_dir)
@@ -66,7 +86,8 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
     try:
         text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
         (tmp / "config.yaml").write_text(text)
-        pq.write_table(pa.Table.from_pylist(requests, schema=REQUESTS_SCHEMA), tmp / "requests.parquet")
+        pq.write_table(pa.Table.from_pylist([dataclasses.asdict(r) for r in requests],
+                                             schema=REQUESTS_SCHEMA), tmp / "requests.parquet")
         if batches is not None:
             pq.write_table(pa.Table.from_pylist(batches), tmp / "batches.parquet")
         clean = {key: _json_value(value) for key, value in summary.items()}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.hydra_groups import require
+from engine.hydra_groups import is_int, is_number, require
 
 TRACES_DIR = Path(__file__).parent / "traces"
 
@@ -31,13 +31,8 @@ class RequestSpec:
     prompt: str | None = None  # optional text form, for targets that take text
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
 def _positive(key: str, value: object) -> None:
-    number = isinstance(value, int | float | np.number) and not isinstance(value, bool)
-    require(number and value > 0, key, "> 0", value)
+    require(is_number(value) and value > 0, key, "> 0", value)
 
 
 @functools.cache
@@ -109,15 +104,15 @@ Lengths = tuple[np.ndarray, np.ndarray]
 
 
 def fixed(rng: np.random.Generator, n: int, prompt: int, output: int) -> Lengths:
-    require(_is_int(prompt) and prompt >= 1, "lengths.prompt", "an integer >= 1", prompt)
-    require(_is_int(output) and output >= 1, "lengths.output", "an integer >= 1", output)
+    require(is_int(prompt) and prompt >= 1, "lengths.prompt", "an integer >= 1", prompt)
+    require(is_int(output) and output >= 1, "lengths.output", "an integer >= 1", output)
     return np.full(n, prompt), np.full(n, output)
 
 
 def _power_law(rng: np.random.Generator, n: int, key: str, lo: int, hi: int, alpha: float) -> np.ndarray:
     """Integers in [lo, hi] with P(lo + k) proportional to (k + 1) ** -alpha (alpha=0: uniform)."""
-    require(_is_int(lo) and lo >= 1, f"lengths.{key}_lo", "an integer >= 1", lo)
-    require(_is_int(hi) and hi >= lo, f"lengths.{key}_hi", f"an integer >= {key}_lo ({lo})", hi)
+    require(is_int(lo) and lo >= 1, f"lengths.{key}_lo", "an integer >= 1", lo)
+    require(is_int(hi) and hi >= lo, f"lengths.{key}_hi", f"an integer >= {key}_lo ({lo})", hi)
     weights = np.arange(1, hi - lo + 2, dtype=float) ** -alpha
     return lo + rng.choice(hi - lo + 1, size=n, p=weights / weights.sum())
 

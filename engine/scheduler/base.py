@@ -1,4 +1,8 @@
-"""The Scheduler interface, the Batch it produces, and the registry of policies."""
+"""The Scheduler interface, the registry of policies, and the bookkeeping every policy shares.
+
+A policy only decides what one iteration contains (``build_batch``); ``schedule`` turns that into the
+``SchedulerOutput`` snapshot a runner executes, and ``update_from_output`` applies the step's result.
+"""
 from __future__ import annotations
 
 import bisect
@@ -10,6 +14,7 @@ from typing import ClassVar
 from engine.config import SchedulerConfig
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
+from engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 
@@ -19,44 +24,32 @@ def register(cls: type[Scheduler]) -> type[Scheduler]:
     return cls
 
 
-def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> Scheduler:
+def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
+                   eos_token_ids: set[int]) -> Scheduler:
     if config.policy not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {config.policy!r}; choose one of {sorted(SCHEDULERS)}")
-    return SCHEDULERS[config.policy](config, kv, max_model_len)
+    return SCHEDULERS[config.policy](config, kv, max_model_len, eos_token_ids)
 
 
 @dataclass
-class ScheduledUnit:
+class PlannedUnit:
+    """A policy's choice for one request, before it is snapshotted into a ``ScheduledUnit``."""
+
     request: Request
     num_new_tokens: int
     is_prefill: bool
 
-    @property
-    def samples(self) -> bool:
-        """Whether this unit completes the request's known tokens, so the next token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
-
 
 @dataclass
 class Batch:
-    units: list[ScheduledUnit] = field(default_factory=list)
+    """What a policy builds for one iteration."""
+
+    units: list[PlannedUnit] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
         return sum(u.num_new_tokens for u in self.units if u.is_prefill)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(u.num_new_tokens for u in self.units if not u.is_prefill)
-
-    @property
-    def num_prefill_seqs(self) -> int:
-        return sum(u.is_prefill for u in self.units)
-
-    @property
-    def num_decode_seqs(self) -> int:
-        return sum(not u.is_prefill for u in self.units)
 
 
 class Scheduler(ABC):
@@ -71,29 +64,87 @@ class Scheduler(ABC):
     # Reserve KV blocks for the worst case (prompt + max_tokens) at admission instead of growing.
     reserve_worst_case: ClassVar[bool] = False
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int, eos_token_ids: set[int]):
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
+        self.finished_request_ids: list[str] = []  # since the last step
 
     @abstractmethod
-    def schedule(self, now: float) -> Batch:
+    def build_batch(self, now: float) -> Batch:
         """Pick the units of the next iteration among requests that have arrived by ``now``."""
 
-    def add_request(self, request: Request) -> None:
-        # Keep ``waiting`` sorted by arrival so FCFS holds for replays with future arrival times.
-        times = [r.metrics.arrival_time for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(times, request.metrics.arrival_time), request)
+    def schedule(self, now: float) -> SchedulerOutput:
+        """The next iteration, as the snapshot a runner executes."""
+        batch = self.build_batch(now)
+        units = [self._snapshot(u) for u in sorted(batch.units, key=lambda u: u.is_prefill)]  # decodes first
+        for unit in batch.units:
+            if unit.request.metrics.first_scheduled_time is None:
+                unit.request.metrics.first_scheduled_time = now
+        finished, self.finished_request_ids = self.finished_request_ids, []
+        return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished, self.kv.num_used_blocks)
 
-    def remove(self, request: Request) -> None:
-        """Drop a finished or aborted request and free its blocks."""
+    def _snapshot(self, unit: PlannedUnit) -> ScheduledUnit:
+        request, start, n = unit.request, unit.request.num_computed_tokens, unit.num_new_tokens
+        return ScheduledUnit(request_id=request.request_id, token_ids=request.all_token_ids[start:start + n],
+                             num_computed_tokens=start, is_prefill=unit.is_prefill,
+                             samples=start + n == request.num_tokens,
+                             block_table=list(self.kv.block_tables[request.request_id]),
+                             sampling_params=request.params)
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int], now: float) -> list[Request]:
+        """Apply a step's result: advance each unit's computed tokens, append the sampled tokens (stamped
+        ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
+        updated = []
+        for unit in output.units:
+            request = self.requests[unit.request_id]
+            request.num_computed_tokens += unit.num_new_tokens
+            token = sampled.get(unit.request_id)
+            if token is None:
+                continue
+            request.output_token_ids.append(token)
+            request.metrics.token_times.append(now)
+            if request.metrics.first_token_time is None:
+                request.metrics.first_token_time = now
+            status = self._stop_status(request, token)
+            if status is not None:
+                self.finish(request, status, now)
+            updated.append(request)
+        return updated
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        p = request.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_tokens >= request.max_num_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish(self, request: Request, status: RequestStatus, now: float) -> None:
+        """End a request (stopped, length or aborted): drop it from the queues and free its blocks."""
+        request.status = status
+        request.metrics.finish_time = now
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        del self.requests[request.request_id]
+        self.finished_request_ids.append(request.request_id)
+
+    def next_arrival_time(self) -> float | None:
+        """When the first waiting request arrives (None when nothing waits)."""
+        return self.waiting[0].metrics.arrival_time if self.waiting else None
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        # Keep ``waiting`` sorted by arrival so FCFS holds for replays with future arrival times.
+        times = [r.metrics.arrival_time for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(times, request.metrics.arrival_time), request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -141,7 +192,7 @@ class Scheduler(ABC):
                     break
             else:
                 self.kv.allocate(request, request.num_tokens)
-                batch.units.append(ScheduledUnit(request, 1, is_prefill=False))
+                batch.units.append(PlannedUnit(request, 1, is_prefill=False))
 
     def schedule_prefill_chunks(self, batch: Batch, budget: int, now: float) -> None:
         """Ongoing partial prefills, then new requests FCFS, each getting min(remaining, budget left)."""
@@ -150,11 +201,11 @@ class Scheduler(ABC):
                 return
             if not request.is_decode:  # decodes were scheduled already (as 1-token units)
                 n = min(request.num_uncomputed_tokens, budget)
-                batch.units.append(ScheduledUnit(request, n, is_prefill=True))
+                batch.units.append(PlannedUnit(request, n, is_prefill=True))
                 budget -= n
         while budget > 0 and (request := self.next_arrived(now)) is not None and self.try_admit(request):
             n = min(request.num_uncomputed_tokens, budget)
-            batch.units.append(ScheduledUnit(request, n, is_prefill=True))
+            batch.units.append(PlannedUnit(request, n, is_prefill=True))
             budget -= n
 
     def admit_whole_prefills(self, batch: Batch, now: float, token_budget: int | None = None) -> None:
@@ -165,4 +216,4 @@ class Scheduler(ABC):
                 return
             if not self.try_admit(request):
                 return
-            batch.units.append(ScheduledUnit(request, n, is_prefill=True))
+            batch.units.append(PlannedUnit(request, n, is_prefill=True))

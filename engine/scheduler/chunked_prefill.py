@@ -11,11 +11,11 @@ class ChunkedPrefillScheduler(Scheduler):
     name = "chunked_prefill"
     chunked = True
 
-    def __init__(self, config, kv, max_model_len):
-        super().__init__(config, kv, max_model_len)
+    def __init__(self, config, kv, max_model_len, eos_token_ids):
+        super().__init__(config, kv, max_model_len, eos_token_ids)
         self.last_was_prefill = False
 
-    def schedule(self, now: float) -> Batch:
+    def build_batch(self, now: float) -> Batch:
         batch = Batch()
         decodes_waiting = any(r.is_decode for r in self.running)
         if not (self.last_was_prefill and decodes_waiting):

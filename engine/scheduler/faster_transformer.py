@@ -11,7 +11,7 @@ class FasterTransformerScheduler(Scheduler):
     name = "faster_transformer"
     reserve_worst_case = True
 
-    def schedule(self, now: float) -> Batch:
+    def build_batch(self, now: float) -> Batch:
         batch = Batch()
         if self.running:
             self.schedule_decodes(batch)

@@ -11,7 +11,7 @@ class OrcaScheduler(Scheduler):
     name = "orca"
     reserve_worst_case = True
 
-    def schedule(self, now: float) -> Batch:
+    def build_batch(self, now: float) -> Batch:
         batch = Batch()
         self.schedule_decodes(batch)
         self.admit_whole_prefills(batch, now)

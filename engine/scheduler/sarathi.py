@@ -11,7 +11,7 @@ class SarathiScheduler(Scheduler):
     name = "sarathi"
     chunked = True
 
-    def schedule(self, now: float) -> Batch:
+    def build_batch(self, now: float) -> Batch:
         batch = Batch()
         self.schedule_decodes(batch)
         self.schedule_prefill_chunks(batch, self.config.chunk_size - len(batch.units), now)

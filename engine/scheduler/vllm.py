@@ -10,14 +10,14 @@ class VLLMScheduler(Scheduler):
 
     name = "vllm"
 
-    def __init__(self, config, kv, max_model_len):
-        super().__init__(config, kv, max_model_len)
+    def __init__(self, config, kv, max_model_len, eos_token_ids):
+        super().__init__(config, kv, max_model_len, eos_token_ids)
         if config.max_num_batched_tokens < max_model_len:
             raise ValueError(
                 f"scheduler.max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= max_model_len "
                 f"({max_model_len}) for the vllm policy, which never splits a prompt")
 
-    def schedule(self, now: float) -> Batch:
+    def build_batch(self, now: float) -> Batch:
         batch = Batch()
         self.admit_whole_prefills(batch, now, token_budget=self.config.max_num_batched_tokens)
         if not batch.units:

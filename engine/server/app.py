@@ -13,9 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from engine.engine import LLMEngine
+from engine import LLMEngine, SamplingParams
 from engine.hydra_groups import is_int, is_number, require
-from engine.request import SamplingParams
 from engine.server.generate import Generation
 from engine.server.http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
 from engine.server.loop import EngineLoop

@@ -5,8 +5,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestOutput
-from engine.request import RequestMetrics, SamplingParams
+from engine import RequestMetrics, RequestOutput, SamplingParams
 from engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
 from engine.server.protocol import APIError
 from engine.server.text import ChoiceText

@@ -12,9 +12,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.engine import LLMEngine
-from engine.outputs import BatchRecord, RequestOutput
-from engine.request import SamplingParams
+from engine import BatchRecord, LLMEngine, RequestOutput, SamplingParams
 from engine.server.metrics import ServerMetrics
 
 logger = logging.getLogger("stallfree.server")
@@ -162,10 +160,8 @@ class EngineLoop:
 
     def _apply(self, command: Submission | Abort) -> None:
         if isinstance(command, Abort):
-            request = self.engine.requests.get(command.request_id)
-            if self._routes.pop(command.request_id, None) and request is not None:
-                self.engine.abort(command.request_id)
-                self.metrics.observe_finished(request.metrics, command.reason)
+            if self._routes.pop(command.request_id, None) and (aborted := self.engine.abort(command.request_id)):
+                self.metrics.observe_finished(aborted.metrics, command.reason)
             return
         sub = command
         if self.engine.num_waiting + len(sub.request_ids) > self.max_waiting:
@@ -192,8 +188,7 @@ class EngineLoop:
             self.metrics.engine_errors.inc()
             self._fail_all(EngineFailed(f"the engine failed: {type(exc).__name__}: {exc}"))
             return
-        # Take the iteration's BatchRecords over: a long-running server must not keep them all.
-        records, self.engine.batch_records = self.engine.batch_records, []
+        records = self.engine.pop_batch_records()
         self._progress = bool(records)
         for record in records:
             self.metrics.observe_iteration(record)

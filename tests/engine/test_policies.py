@@ -30,12 +30,12 @@ def run_recorded(engine: LLMEngine, seed: int) -> tuple[list[Observed], list[str
     def recording_schedule(now):
         ready = {r.request_id for r in sched.running if r.is_decode}
         before = len(sched.running)
-        batch = original(now)
+        output = original(now)
         observed.append(Observed(
-            [(u.request.request_id, u.num_new_tokens, u.is_prefill, u.request.num_computed_tokens,
-              u.request.num_tokens) for u in batch.units], ready, before, len(sched.running),
+            [(u.request_id, u.num_new_tokens, u.is_prefill, u.num_computed_tokens,
+              sched.requests[u.request_id].num_tokens) for u in output.units], ready, before, len(sched.running),
             engine.kv.num_used_blocks))
-        return batch
+        return output
 
     sched.schedule = recording_schedule
     t0 = engine.clock()

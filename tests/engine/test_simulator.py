@@ -6,7 +6,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.outputs import BatchRecord
-from engine.simulator import CostModel
+from engine.runner.cost_model import CostModel
 
 FIXED = CostModel(intercept=0.004, num_prefill_tokens=2e-5, num_decode_tokens=3e-4, num_kv_blocks_used=1e-5)
 

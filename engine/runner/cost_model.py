@@ -1,25 +1,21 @@
-"""SimulatedRunner: the ModelRunner interface with no forward pass; an iteration takes the time a cost
-model fitted on the real runner's BatchRecords predicts.
-
-Same schedulers, same KV accounting, same records. With ``clock="virtual"`` time is a counter the
-runner advances (thousands of requests in seconds, offline); with ``clock="real"`` the runner sleeps
-(a fast stand-in server for testing load generators).
-"""
+"""The simulated runner's cost model: iteration seconds as a linear function of the batch, fitted on the
+real runner's BatchRecords (``profile_cost_model``), saved and loaded as JSON."""
 from __future__ import annotations
 
 import hashlib
 import json
 import random
-import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from engine.config import EngineConfig
-from engine.kv_cache import KVCacheManager
+from engine.model.presets import cache_root
 from engine.outputs import BatchRecord
-from engine.scheduler import Batch
+from engine.request import SamplingParams
 
 FEATURES = ("intercept", "num_prefill_tokens", "num_decode_tokens", "num_kv_blocks_used")
 COST_MODEL_VERSION = 1  # part of the profile cache key: bump when the features or the fit change
@@ -70,45 +66,26 @@ class CostModel:
             raise ValueError(f"model.cost_model: cannot read a cost model from {path}: {exc}") from exc
 
 
-class VirtualClock:
-    def __init__(self, start: float = 0.0):
-        self.time = start
+class ProfiledEngine(Protocol):
+    """What profiling needs of an engine (LLMEngine; passed in, since the engine is built on runners)."""
 
-    def __call__(self) -> float:
-        return self.time
+    max_model_len: int
+    vocab_size: int
+    batch_records: list[BatchRecord]
 
-    def advance_to(self, t: float) -> None:
-        self.time = max(self.time, t)
+    def add_request(self, prompt: list[int], params: SamplingParams) -> str: ...
 
+    def step(self) -> list: ...
 
-class SimulatedRunner:
-    def __init__(self, cost_model: CostModel, kv: KVCacheManager, vocab_size: int, eos_token_ids: set[int],
-                 clock: VirtualClock | None, seed: int):
-        self.cost_model, self.kv, self.clock = cost_model, kv, clock
-        # Sampled ids avoid EOS, so every request runs to its max_tokens as the workload specified.
-        self.token_ids = [t for t in range(vocab_size) if t not in eos_token_ids]
-        self.rng = random.Random(seed)
-
-    def execute(self, batch: Batch) -> dict[str, int]:
-        seconds = self.cost_model.predict(batch.num_prefill_tokens, batch.num_decode_tokens, self.kv.num_used_blocks)
-        if self.clock is None:
-            time.sleep(seconds)
-        else:
-            self.clock.advance_to(self.clock() + seconds)
-        return {u.request.request_id: self.rng.choice(self.token_ids) for u in batch.units if u.samples}
-
-    def release(self, request_id: str) -> None:
-        pass
+    def has_unfinished(self) -> bool: ...
 
 
-def profile_cost_model(config: EngineConfig, num_requests: int = 12, seed: int = 0) -> CostModel:
+def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig], ProfiledEngine],
+                       num_requests: int = 12, seed: int = 0) -> CostModel:
     """Fit a cost model on the real runner of ``config``'s model: prompts of varied lengths, run under
-    ``vllm`` (prefill-only and decode-only iterations) and ``sarathi`` (hybrid ones). Cached as JSON in
-    the preset cache folder, keyed by everything that changes iteration times."""
-    from engine.engine import LLMEngine  # the real engine; imported here since it imports this module
-    from engine.model.presets import cache_root
-    from engine.request import SamplingParams
-
+    ``vllm`` (prefill-only and decode-only iterations) and ``sarathi`` (hybrid ones) on engines from
+    ``make_engine``. Cached as JSON in the preset cache folder, keyed by everything that changes
+    iteration times."""
     mc, cc = config.model, config.cache
     key = [COST_MODEL_VERSION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
            torch.get_num_threads(), seed]
@@ -120,9 +97,9 @@ def profile_cost_model(config: EngineConfig, num_requests: int = 12, seed: int =
     for policy in ("vllm", "sarathi"):
         real = replace(config, model=replace(mc, runner="model"),
                        scheduler=replace(config.scheduler, policy=policy, chunk_size=128))
-        engine = LLMEngine(real)
+        engine = make_engine(real)
         limit = min(1024, engine.max_model_len // 2)
-        vocab = engine.tokenizer.vocab_size
+        vocab = engine.vocab_size
         for _ in range(num_requests):
             prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(16, limit))]
             engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(8, 48), ignore_eos=True))

@@ -1,14 +1,15 @@
-"""``target=locust`` of stallfree-bench: the run's requests are sent by a headless Locust run
-(loadgen/locustfile.py, OpenLoopUser) against a ``stallfree-serve`` the bench starts (``target.url:
-null``, as for target=http) or a running server (``target.url``).
+"""``target=locust``: the run's requests are sent by a headless Locust run (loadgen/locustfile.py,
+OpenLoopUser) against a ``stallfree-serve`` the bench starts (``target.url: null``, as for target=http)
+or a running server (``target.url``).
 
 Locust gets the run's exact requests (``--specs-file``; with ``target.workers`` > 1 one master and that
 many worker processes, worker i sending every W-th request) and ends once all of them have ended. Its
-raw rows become requests.parquet / summary.json as for the other targets; its own outputs (CSV, HTML
-report, log, raw rows) go to ``<run_dir>/locust/``.
+records become requests.parquet / summary.json as for the other targets; its own outputs (CSV, HTML
+report, log, raw records) go to ``<run_dir>/locust/``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,31 +19,34 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen import bench
+from loadgen.bench_config import model_vocab_size
+from loadgen.records import RequestRecord
+from loadgen.targets.base import Progress, Replay
+from loadgen.targets.serve_process import ServeProcess
 from loadgen.workload import RequestSpec
 
-LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
 OUTPUT_DIR = "locust"  # Locust's outputs, in the run directory
 
 
-def read_rows(rows_dir: Path) -> list[dict]:
-    """The raw rows every process of a Locust run wrote to rows_dir (``--rows-dir``)."""
-    return [json.loads(line) for path in sorted(Path(rows_dir).glob("rows-*.jsonl"))
+def read_records(rows_dir: Path) -> list[RequestRecord]:
+    """The records every process of a Locust run wrote to rows_dir (``--rows-dir``)."""
+    return [RequestRecord(**json.loads(line)) for path in sorted(Path(rows_dir).glob("rows-*.jsonl"))
             for line in path.read_text().splitlines()]
 
 
 def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: str, workers: int = 1,
-               timeout_s: float = 600.0, max_in_flight: int | None = None) -> list[dict]:
-    """Send ``specs`` open loop with a headless Locust run; return one row per spec, in order.
+               timeout_s: float = 600.0, max_in_flight: int | None = None) -> list[RequestRecord]:
+    """Send ``specs`` open loop with a headless Locust run; return one record per spec, in order.
 
     out_dir receives specs.jsonl, rows/, Locust's locust_*.csv and locust.html, and locust.log.
     ``max_in_flight`` caps each Locust process; arrivals over it are dropped (status aborted).
-    Raises RuntimeError when Locust fails or a request ends without a row.
+    Raises RuntimeError when Locust fails or a request ends without a record.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     specs_file = out_dir / "specs.jsonl"
@@ -67,45 +71,47 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
             if proc.poll() is None:  # timed out or interrupted: stop the master and its workers
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    rows = {row["request_id"]: row for row in read_rows(out_dir / "rows")}
-    missing = sum(spec.request_id not in rows for spec in specs)
+    records = {record.request_id: record for record in read_records(out_dir / "rows")}
+    missing = sum(spec.request_id not in records for spec in specs)
     if returncode or missing:
         raise RuntimeError(f"locust exited with status {returncode}, {missing} of {len(specs)} requests "
-                           f"without a row (log: {log_path})")
-    return [rows[spec.request_id] for spec in specs]
+                           f"without a record (log: {log_path})")
+    return [records[spec.request_id] for spec in specs]
 
 
 class LocustTarget:
-    """The bench Target of target=locust (see the module docstring)."""
+    """target=locust (see the module docstring)."""
 
     def __init__(self, cfg: DictConfig, log_dir: Path):
         t = cfg.target
-        self.server = (bench.start_server(cfg, log_dir) if t.url is None
-                       else bench.HttpTarget(cfg, t.url.rstrip("/"), t.served_model))
-        self.vocab_size = self.server.vocab_size
+        self.vocab_size = model_vocab_size(cfg)
+        self._resources = contextlib.ExitStack()
+        if t.url is None:
+            self.url, self.served_model = self._resources.enter_context(ServeProcess(cfg, log_dir)).url, cfg.model.name
+        else:
+            self.url, self.served_model = t.url.rstrip("/"), t.served_model
         self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
         self.work_dir = log_dir / "locust"
-        self.output: Path | None = None  # the last replay's outputs, until move_output claims them
+        self.output: Path | None = None  # the last replay's outputs, until finalize claims them
 
-    def replay(self, specs: Sequence[RequestSpec], *, warmup: int,
-               progress: Callable[[dict], None] | None) -> tuple[list[dict], None]:
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         if self.output is not None:  # a warm-up or probe replay's, never claimed
             shutil.rmtree(self.output, ignore_errors=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
-        rows = run_locust(self.server.url, specs, self.output, model=self.server.served_model,
-                          workers=self.workers, timeout_s=self.timeout_s, max_in_flight=self.max_in_flight)
-        for i, row in enumerate(rows):
-            row["is_warmup"] = i < warmup
+        records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
+                             timeout_s=self.timeout_s, max_in_flight=self.max_in_flight)
+        for i, record in enumerate(records):
+            record.is_warmup = i < warmup
             if progress is not None:
-                progress(row)
-        return rows, None
+                progress(record)
+        return Replay(records, None)
 
-    def move_output(self, run_dir: Path) -> None:
+    def finalize(self, run_dir: Path) -> None:
         """Move the last replay's Locust outputs into ``run_dir/locust/``."""
         shutil.rmtree(run_dir / OUTPUT_DIR, ignore_errors=True)
         shutil.move(self.output, run_dir / OUTPUT_DIR)
         self.output = None
 
     def close(self) -> None:
-        self.server.close()
+        self._resources.close()

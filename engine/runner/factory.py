@@ -1,0 +1,41 @@
+"""Build the runner and clock that ``model.runner`` / ``model.clock`` name."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.attention import make_attention_backend
+from engine.config import EngineConfig
+from engine.model.arch import ArchConfig
+from engine.model.loader import load_model
+from engine.runner.base import Runner
+from engine.runner.clock import Clock, VirtualClock, WallClock
+from engine.runner.cost_model import CostModel, ProfiledEngine, profile_cost_model
+from engine.runner.model_runner import ModelRunner
+from engine.runner.simulated import SimulatedRunner
+
+RUNNERS = ("model", "simulated")
+CLOCKS = ("real", "virtual")
+
+
+def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model_len: int, num_blocks: int,
+                dtype: torch.dtype, device: torch.device, eos_token_ids: set[int],
+                make_engine: Callable[[EngineConfig], ProfiledEngine]) -> tuple[Runner, Clock]:
+    """``make_engine`` builds a real engine for profiling a cost model when ``model.cost_model`` is unset."""
+    mc = config.model
+    if mc.runner == "model":
+        model = load_model(path, arch, max_model_len, dtype, device)
+        attn = make_attention_backend(mc.attention_backend, device, dtype, num_heads=arch.num_heads,
+                                      num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+                                      scale=arch.head_dim ** -0.5)
+        return ModelRunner(model, attn, num_blocks, config.cache.block_size, dtype, device, mc.seed), WallClock()
+    if mc.runner == "simulated":
+        if mc.clock not in CLOCKS:
+            raise ValueError(f"unknown model.clock {mc.clock!r}; choose {' or '.join(CLOCKS)}")
+        cost_model = CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config, make_engine)
+        virtual = VirtualClock() if mc.clock == "virtual" else None
+        runner = SimulatedRunner(cost_model, arch.vocab_size, eos_token_ids, virtual, mc.seed)
+        return runner, virtual or WallClock()
+    raise ValueError(f"unknown model.runner {mc.runner!r}; choose {' or '.join(RUNNERS)}")

@@ -1,0 +1,59 @@
+"""``SchedulerOutput``: the one thing the scheduler hands a runner each step.
+
+A snapshot: it holds copies of what the runner needs (token ids, positions, block tables, whether to
+sample), so a runner never sees the scheduler's requests or the KV-cache manager.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledUnit:
+    """One request's share of an iteration: a prefill chunk or one decode token."""
+
+    request_id: str
+    # The tokens this step computes, at positions num_computed_tokens .. num_computed_tokens + len - 1.
+    token_ids: list[int]
+    # Tokens of this request already in the KV cache (the position of the first new token).
+    num_computed_tokens: int
+    is_prefill: bool
+    # The unit completes the request's known tokens: the runner samples the request's next token.
+    samples: bool
+    # KV block ids of this request at scheduling time; they hold slots for every token of this step.
+    block_table: list[int]
+    sampling_params: SamplingParams
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    # Decodes first, then prefill chunks (the runner's flat token layout).
+    units: list[ScheduledUnit] = field(default_factory=list)
+    # Requests preempted (by recompute) while building this step; they are back in the waiting queue.
+    preempted_request_ids: list[str] = field(default_factory=list)
+    # Requests that finished or were aborted since the last step: runners drop per-request state.
+    finished_request_ids: list[str] = field(default_factory=list)
+    # KV blocks in use once this step's blocks are allocated (the simulator's proxy for attention work).
+    num_kv_blocks_used: int = 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(u.num_new_tokens for u in self.units if u.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(u.num_new_tokens for u in self.units if not u.is_prefill)
+
+    @property
+    def num_prefill_seqs(self) -> int:
+        return sum(u.is_prefill for u in self.units)
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return sum(not u.is_prefill for u in self.units)

@@ -1,0 +1,44 @@
+"""Run planning: where a run's results go and what identifies it.
+
+The run id names the swept knobs (scheduler, chunk_size, qps) plus a hash of everything else that
+shapes the measurement, so a changed setting never reuses a stale run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from loadgen.bench_config import chunk_size, digest, section
+from loadgen.results import make_run_id
+
+MEASURED_SECTIONS = ("model", "scheduler", "workload", "arrival", "target", "num_requests", "warmup", "seed")
+
+
+@dataclass
+class RunPlan:
+    exp_dir: Path
+    run_id: str
+    digest: str  # hash of the measured settings other than the swept knobs in the run id
+    params: dict  # run parameters, the first keys of summary.json
+
+    @property
+    def run_dir(self) -> Path:
+        return self.exp_dir / self.run_id
+
+
+def plan_run(cfg: DictConfig, capacity_slo: str | None = None) -> RunPlan:
+    """Where a run goes and what it is. The id hashes every setting that shapes the measurement
+    (not the SLO, which only changes the summary, except for the points of a capacity search)."""
+    measured = {key: section(cfg, key) for key in MEASURED_SECTIONS}
+    measured["arrival"].pop("qps", None)  # in the id itself
+    measured["chunk_size"] = chunk_size(cfg)
+    settings_digest = digest(measured)
+    point = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), "qps": float(cfg.qps)}
+    params = {**point, "model": cfg.model.name, "target": cfg.target.kind, "workload": cfg.workload.name,
+              "arrival": cfg.arrival.kind, "seed": int(cfg.seed), "num_requests": int(cfg.num_requests)}
+    if capacity_slo is not None:
+        point["slo"] = params["capacity_search"] = capacity_slo
+    return RunPlan(Path(cfg.results_dir) / cfg.experiment_name, make_run_id({**point, "cfg": settings_digest}),
+                   settings_digest, params)

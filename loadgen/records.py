@@ -1,0 +1,58 @@
+"""RequestRecord: the one row type of a run's requests (requests.parquet), whatever target sent them.
+
+Every request a run sends ends as one record with a status: ok (the response completed), timeout,
+aborted (cancelled in flight, or never sent: error "not sent") or error (the message is in ``error``).
+Times are epoch seconds (the engine's clock for target=inprocess); ``server_*`` fields are the
+server's own timings when it reports them, else None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loadgen.workload import RequestSpec
+
+NOT_SENT = "not sent"
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    status: str
+    error: str | None
+    is_warmup: bool
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int
+    intended_send_time: float  # the open-loop schedule's send time: latencies count from here
+    send_time: float | None
+    first_token_time: float | None
+    finish_time: float | None  # when the response ended (its last byte, or the failure)
+    token_times: list[float] = field(default_factory=list)  # receive time of each output token
+    server_arrival_time: float | None = None
+    server_first_scheduled_time: float | None = None
+    server_finish_time: float | None = None
+    server_token_times: list[float] | None = None
+    num_preemptions: int | None = None
+
+    @classmethod
+    def unsent(cls, spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> RequestRecord:
+        """The record of a request that was never sent (status aborted, error "not sent")."""
+        return cls(request_id=spec.request_id, status="aborted", error=NOT_SENT, is_warmup=is_warmup,
+                   prompt_tokens=len(spec.prompt_token_ids), max_tokens=spec.max_tokens, output_tokens=0,
+                   intended_send_time=intended_send_time, send_time=None, first_token_time=None,
+                   finish_time=None)
+
+    def mark_sent(self, send_time: float) -> None:
+        self.send_time, self.error = send_time, None
+
+    def end(self, status: str, error: str | None, finish_time: float) -> None:
+        """Close a sent request: its status, when it ended, and its token counts.
+
+        output_tokens keeps the server's final count (usage.completion_tokens) of a successful
+        stream; otherwise it is the number of tokens received.
+        """
+        self.status, self.error, self.finish_time = status, error, finish_time
+        if self.token_times:
+            self.first_token_time = self.token_times[0]
+        if status != "ok" or self.output_tokens == 0:
+            self.output_tokens = len(self.token_times)

@@ -1,0 +1,54 @@
+"""One measured point: plan it, replay its workload on the live target, write its run directory and
+rebuild the experiment's summary.parquet. A run whose directory already holds summary.json is read
+back instead (resume)."""
+from __future__ import annotations
+
+import json
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from loadgen.bench_config import section
+from loadgen.live_target import LiveTarget
+from loadgen.metrics import summarize
+from loadgen.plan import RunPlan, plan_run
+from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
+from loadgen.slo import resolve_slo
+from loadgen.workload import build_workload
+
+
+def _fmt(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _report(status: str, plan: RunPlan, s: dict) -> None:
+    print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
+          f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}), "
+          f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
+          + (" [client fell behind]" if s["client_fell_behind"] else ""), flush=True)
+
+
+def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None) -> dict:
+    """Measure one point (or read it back when complete); return its summary."""
+    plan = plan_run(cfg, capacity_slo)
+    if is_complete(plan.run_dir):
+        summary = json.loads((plan.run_dir / "summary.json").read_text())
+        _report("cached", plan, summary)
+        return summary
+    slo = resolve_slo(cfg, plan.exp_dir, targets)
+    target = targets.get(cfg, plan.exp_dir / ".logs")
+    specs = build_workload(section(cfg, "arrival"), section(cfg.workload, "lengths"), cfg.num_requests,
+                           cfg.seed, target.vocab_size, cfg.workload.max_total_tokens)
+    with tqdm(total=len(specs), desc=plan.run_id[:60], unit="req", leave=False, disable=None) as bar:
+        replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
+    if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
+        raise KeyboardInterrupt(f"{plan.run_id} was interrupted; nothing recorded")
+    summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
+               **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
+                           slo_ttft_ms=cfg.slo.ttft_ms)}
+    run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
+                        requests=replay.records, summary=summary, batches=replay.batches)
+    target.finalize(run_dir)
+    rebuild_experiment_summary(plan.exp_dir)
+    _report("done", plan, summary)
+    return summary

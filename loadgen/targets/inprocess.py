@@ -1,0 +1,125 @@
+"""``target=inprocess``: the workload replayed straight into an ``LLMEngine`` in this process (no HTTP),
+open loop on the engine clock.
+
+Every request is added up front with ``arrival_time = t0 + send_offset_s``; the policies only admit
+requests that have arrived, so arrivals are gated on the engine clock. The loop steps the engine and,
+when nothing was runnable and the next arrival is still ahead, sleeps until it. There is no network,
+so a record's "client" times are the engine's own (send = arrival, token times = when each step ended).
+Only the engine's public API is used: step() outputs, abort(), batch_records and clock().
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig
+
+from engine.hydra_groups import ConfigError
+from loadgen.bench_config import engine_kwargs, model_vocab_size
+from loadgen.records import RequestRecord
+from loadgen.targets.base import Progress, Replay
+from loadgen.workload import RequestSpec
+
+if TYPE_CHECKING:
+    from engine import RequestMetrics
+
+START_DELAY_S = 0.01  # t0 a little ahead of now, so the first request is not late on arrival
+TIMEOUT_ERROR = "unfinished within timeout_s of its arrival"
+
+
+def _end(record: RequestRecord, status: str, error: str | None, finish_time: float,
+         metrics: RequestMetrics | None) -> None:
+    """Close the record with the engine's RequestMetrics as last reported (None: it never reported one)."""
+    if metrics is not None:
+        record.token_times = list(metrics.token_times)
+        record.server_first_scheduled_time = metrics.first_scheduled_time
+        record.num_preemptions = metrics.num_preemptions
+    record.server_token_times = record.token_times
+    record.server_finish_time = finish_time
+    record.end(status, error, finish_time)
+
+
+def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: float | None = None,
+           progress: Progress | None = None) -> Replay:
+    """Run ``specs`` through ``engine`` (greedy, ``ignore_eos``): records in spec order, and the
+    engine's iterations of this replay (``engine.batch_records``, as dicts).
+
+    * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
+    * ``timeout_s``: a request still unfinished this long after its arrival is aborted with status
+      ``timeout``; a request the engine rejects becomes an ``error`` record.
+    * ``progress(record)`` is called as each request ends.
+    """
+    from engine import SamplingParams
+
+    first_batch = len(engine.batch_records)
+    t0 = engine.clock() + START_DELAY_S
+    records = [RequestRecord.unsent(spec, intended_send_time=t0 + spec.send_offset_s, is_warmup=i < warmup)
+               for i, spec in enumerate(specs)]
+    in_flight: dict[str, RequestRecord] = {}
+    latest_metrics: dict[str, RequestMetrics] = {}  # the RequestMetrics of each request's latest output
+
+    def done(request_id: str, status: str, error: str | None, finish_time: float) -> None:
+        record = in_flight.pop(request_id)
+        _end(record, status, error, finish_time, latest_metrics.pop(request_id, None))
+        if progress is not None:
+            progress(record)
+
+    for spec, record in zip(specs, records, strict=True):
+        record.mark_sent(record.intended_send_time)
+        record.server_arrival_time = record.intended_send_time
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
+        try:
+            engine.add_request(spec.prompt_token_ids, params, request_id=spec.request_id,
+                               arrival_time=record.intended_send_time)
+        except ValueError as e:
+            record.end("error", f"rejected by the engine: {e}", record.send_time)
+            if progress is not None:
+                progress(record)
+            continue
+        in_flight[spec.request_id] = record
+    arrivals = sorted(record.intended_send_time for record in in_flight.values())
+
+    while in_flight:
+        before, iterations = engine.clock(), len(engine.batch_records)
+        for out in engine.step():
+            latest_metrics[out.request_id] = out.metrics
+            if out.finished:
+                done(out.request_id, "ok", None, out.metrics.finish_time)
+        if timeout_s is not None:
+            deadline = engine.clock() - timeout_s
+            for request_id in [rid for rid, r in in_flight.items() if r.intended_send_time < deadline]:
+                engine.abort(request_id)
+                done(request_id, "timeout", TIMEOUT_ERROR, engine.clock())
+        if len(engine.batch_records) == iterations and in_flight:
+            upcoming = bisect.bisect_right(arrivals, before)
+            if upcoming == len(arrivals):
+                raise RuntimeError(f"engine stalled: {len(in_flight)} arrived requests, none runnable")
+            time.sleep(max(0.0, arrivals[upcoming] - engine.clock()))
+    return Replay(records, [dataclasses.asdict(b) for b in engine.batch_records[first_batch:]])
+
+
+class InProcessTarget:
+    """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        from engine import LLMEngine
+
+        try:
+            self.engine = LLMEngine.from_kwargs(**engine_kwargs(cfg))
+        except ValueError as e:
+            raise ConfigError(f"engine: {e}") from None
+        self.vocab_size = model_vocab_size(cfg)
+        self.timeout_s = cfg.target.timeout_s
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        return replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s, progress=progress)
+
+    def finalize(self, run_dir: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        del self.engine

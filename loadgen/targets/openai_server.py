@@ -1,0 +1,68 @@
+"""Targets that replay open loop over HTTP (loadgen.openloop) on an OpenAI-compatible server:
+``target=url``, a server already running, and ``target=http``, a ``stallfree-serve`` started for the
+run, whose engine iterations are recorded too (batches.parquet)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from loadgen.bench_config import model_vocab_size
+from loadgen.openloop import run_open_loop_sync
+from loadgen.records import RequestRecord
+from loadgen.targets.base import Progress, Replay
+from loadgen.targets.serve_process import ServeProcess
+from loadgen.workload import RequestSpec
+
+
+class _OpenLoopHttpTarget:
+    """Sends to ``self.url`` (set by the subclass) with ``served_model`` as each request's "model"."""
+
+    url: str
+
+    def __init__(self, cfg: DictConfig, served_model: str):
+        self.served_model = served_model
+        self.vocab_size = model_vocab_size(cfg)
+        self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
+
+    def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
+        return run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
+                                  timeout_s=self.timeout_s, warmup=warmup, progress=progress)
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        return Replay(self.send(specs, warmup=warmup, progress=progress), None)
+
+    def finalize(self, run_dir: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class UrlTarget(_OpenLoopHttpTarget):
+    """target=url: the running server at ``target.url``."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        super().__init__(cfg, cfg.target.served_model)
+        self.url = cfg.target.url.rstrip("/")
+
+
+class HttpTarget(_OpenLoopHttpTarget):
+    """target=http: a stallfree-serve of the run's server-side config, stopped by ``close``."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        super().__init__(cfg, cfg.model.name)
+        self._resources = contextlib.ExitStack()
+        self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
+        self.url = self.server.url
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        start = time.time()
+        records = self.send(specs, warmup=warmup, progress=progress)
+        return Replay(records, self.server.batches_since(start))
+
+    def close(self) -> None:
+        self._resources.close()

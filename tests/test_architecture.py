@@ -1,0 +1,168 @@
+"""Architecture rules (docs/architecture.md): import contracts, no module-level import cycles, small
+source files, and no reference to a file outside the repository."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "loadgen", "analysis")
+MAX_LINES = 300
+
+
+def test_import_contracts():
+    """The contracts of pyproject.toml [tool.importlinter], checked by import-linter."""
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    if not lint_imports.exists():
+        pytest.skip(f"{lint_imports} not installed (pip install -e '.[dev]')")
+    proc = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"lint-imports failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_engine_core_contract_lists_every_core_module():
+    """The engine-core contract names its source modules one by one: a new engine module must be added."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contract = next(c for c in config["contracts"] if c["id"] == "engine-core")
+    listed = set(contract["source_modules"])
+    top_level = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "engine").iterdir()
+                 if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    unlisted = sorted(f"engine.{m}" for m in top_level - {"server"} if f"engine.{m}" not in listed)
+    assert not unlisted, f"engine modules missing from the engine-core contract in pyproject.toml: {unlisted}"
+
+
+def _runtime_module_level_lines(path: Path) -> set[int]:
+    """Line numbers of the import statements that run when the module is imported: at module level, in
+    top-level if/try/with blocks and class bodies; not inside functions and not under ``if TYPE_CHECKING``."""
+    lines: set[int] = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+            elif isinstance(node, ast.If):
+                test = ast.unparse(node.test)
+                if test not in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try | ast.TryStar):
+                visit(node.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+                for handler in node.handlers:
+                    visit(handler.body)
+            elif isinstance(node, ast.With | ast.ClassDef):
+                visit(node.body)
+
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return lines
+
+
+def _module_path(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph, as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := dfs(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := dfs(node)):
+            return found
+    return None
+
+
+def test_no_module_level_import_cycle():
+    """grimp finds every import (also those inside functions); only the ones that run at import time
+    (module level, see _runtime_module_level_lines) make a cycle."""
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    edges: dict[str, set[str]] = {}
+    for importer in graph.modules:
+        path = _module_path(importer)
+        if path is None:
+            continue
+        top_lines = _runtime_module_level_lines(path)
+        for imported in graph.find_modules_directly_imported_by(importer):
+            details = graph.get_import_details(importer=importer, imported=imported)
+            if any(d["line_number"] in top_lines for d in details):
+                edges.setdefault(importer, set()).add(imported)
+    cycle = _find_cycle(edges)
+    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def test_source_files_are_small():
+    offenders = []
+    for top in ("engine", "loadgen", "analysis", "benchmarks", "tests"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            n = len(path.read_text().splitlines())
+            if n > MAX_LINES:
+                offenders.append(f"{path.relative_to(ROOT)}: {n} lines")
+    assert not offenders, f"source files over {MAX_LINES} lines:\n" + "\n".join(offenders)
+
+
+def _tracked_text_files() -> list[Path]:
+    """Text files git tracks or would track (untracked but not ignored)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    files = []
+    for name in out.decode().split("\0"):
+        path = ROOT / name
+        if not name or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # binary
+        files.append(path)
+    return files
+
+
+def test_no_reference_outside_the_repository():
+    this_file = Path(__file__).resolve()
+    offenders = []
+    for path in _tracked_text_files():
+        if path.resolve() == this_file:
+            continue  # names the patterns it looks for
+        text = path.read_text(errors="replace")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if "DESIGN.md" in line or "../shared" in line:
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:120]}")
+    assert not offenders, "references to files outside the repository:\n" + "\n".join(offenders)
+
+
+def test_docs_links_exist():
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "conf").rglob("*.yaml"))]
+    for top in ("engine", "loadgen", "analysis", "benchmarks", "tests"):
+        sources += sorted((ROOT / top).rglob("*.py"))
+    missing = []
+    for path in sources:
+        for ref in sorted(set(re.findall(r"docs/[\w./-]+?\.md", path.read_text(errors="replace")))):
+            if not (ROOT / ref).is_file():
+                missing.append(f"{path.relative_to(ROOT)}: {ref}")
+    assert not missing, "docs/*.md paths that do not exist:\n" + "\n".join(missing)
