@@ -1,10 +1,11 @@
-"""stallfree-serve vs vLLM's CPU build (the peer of ../shared/peers/vllm_cpu.sh), side by side.
+"""stallfree-serve vs vLLM's CPU build, side by side.
 
 The same burst as the engine benchmark (32 x 512 prompt / 128 output tokens, ignore_eos, streamed
 over HTTP) against each server in turn, on the same materialized preset directory, both in bf16 with
-a chunked-prefill budget of 512 tokens per iteration. Run ``peers/vllm_cpu.sh setup`` first.
+a chunked-prefill budget of 512 tokens per iteration. ``--peer`` is a script that installs and serves
+vLLM's CPU build (``PEER setup``, then ``PEER serve MODEL_DIR PORT [vLLM args]``); run its setup first.
 
-    python -m benchmarks.vs_vllm_cpu [--model small] [--peer ../shared/peers/vllm_cpu.sh]
+    python -m benchmarks.vs_vllm_cpu --peer PATH/TO/vllm_cpu.sh [--model small]
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def latency(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = workload_parser(__doc__, "benchmarks/results/vs_vllm_cpu.json")
-    ap.add_argument("--peer", default=str(Path(__file__).resolve().parents[2] / "shared/peers/vllm_cpu.sh"))
+    ap.add_argument("--peer", required=True, help="script that serves vLLM's CPU build: PEER serve DIR PORT ...")
     ap.add_argument("--chunk", type=int, default=512)
     args = ap.parse_args()
     model_dir = resolve_model_path(args.model)

@@ -58,7 +58,7 @@ def test_pareto_front_is_per_group():
 # --- capacity ---------------------------------------------------------------------------------------
 
 def test_capacity_from_sweep_runs():
-    runs = _runs([("vllm", 512, 1.0, 40, 10), ("vllm", 512, 2.0, 80, 10), ("vllm", 512, 4.0, 300, 10),
+    runs = _runs([("vllm", None, 1.0, 40, 10), ("vllm", None, 2.0, 80, 10), ("vllm", None, 4.0, 300, 10),
                   ("sarathi", 512, 1.0, 30, 10), ("sarathi", 512, 2.0, 35, 10),
                   ("sarathi", 512, 4.0, 45, 2500),  # meets the TBT SLO, but queues too long
                   ("sarathi", 256, 1.0, 200, 10)])  # never meets the strict SLO
@@ -69,7 +69,7 @@ def test_capacity_from_sweep_runs():
     assert got[("sarathi-256", "strict")] == (0.0, 0.0)
     assert got[("vllm", "relaxed")] == (2.0, 1.0)
     assert got[("sarathi-256", "relaxed")] == (1.0, 0.5)
-    assert table["chunk_size"][table["scheduler"] == "vllm"].isna().all()  # chunk size means nothing there
+    assert table["chunk_size"][table["scheduler"] == "vllm"].isna().all()  # vllm does not chunk
     assert table["slo_name"].tolist()[:3] == ["strict"] * 3  # strictest first
     assert set(table["source"]) == {"sweep"}
 
@@ -92,7 +92,7 @@ def test_capacity_json_wins_over_runs(tmp_path):
     (exp / "capacity.json").write_text(json.dumps([
         {"scheduler": "vllm", "chunk_size": None, **strict, "capacity_qps": 1.5},
         {"scheduler": "sarathi", "chunk_size": 512, **strict, "capacity_qps": 3.0}]))
-    runs = _runs([("vllm", 512, 8.0, 1.0, 1.0)])
+    runs = _runs([("vllm", None, 8.0, 1.0, 1.0)])
     table = capacity.capacity_table(tmp_path, runs, {"strict": 50.0})
     assert table[["config", "capacity_qps", "ratio_to_vllm"]].values.tolist() == [
         ["vllm", 1.5, 1.0], ["sarathi-512", 3.0, 2.0]]

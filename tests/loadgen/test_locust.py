@@ -19,8 +19,9 @@ import pytest
 from scipy import stats
 
 from engine.server import start_server
-from loadgen.locust_target import read_rows
 from loadgen.metrics import summarize
+from loadgen.results import requests_frame
+from loadgen.targets.locust_run import read_records
 from tests.fakes.fake_sse_server import running_fake_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def run_headless(host: str, out: Path, *args: str) -> list[dict]:
                              "--rows-dir", str(out / "rows"), *args)
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return read_rows(out / "rows")
+    return read_records(out / "rows")
 
 
 def locust_stats(out: Path) -> pd.DataFrame:
@@ -75,7 +76,7 @@ def locust_stats(out: Path) -> pd.DataFrame:
 
 def test_headless_run_against_tiny_server(tiny_url, tmp_path):
     rows = run_headless(tiny_url, tmp_path, "OpenLoopUser", "--qps", "4", "--num-requests", "40", *SMALL)
-    df = pd.DataFrame(rows)
+    df = requests_frame(rows)
     assert len(df) == 40 and (df["status"] == "ok").all() and (df["output_tokens"] == 16).all()
     table = locust_stats(tmp_path)
     assert (table.loc[["E2E", "TTFT", "TBT", "output_tokens"], "Type"] == "LLM").all()
@@ -95,7 +96,7 @@ def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_
     qps = 25
     rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", str(qps), "--num-requests", "200",
                         "--model", "fake", *SMALL)
-    df = pd.DataFrame(rows)
+    df = requests_frame(rows)
     assert len(df) == 200 and (df["status"] == "ok").all()
     gaps = np.diff(np.sort(df["send_time"]))
     assert stats.kstest(gaps, "expon", args=(0, 1 / qps)).pvalue > 0.01
@@ -114,15 +115,15 @@ def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_
 ])
 def test_failures_become_rows_and_e2e_failures(slow_url, tmp_path, args, status, error):
     rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", "20", "--num-requests", "5", *args, *SMALL)
-    assert [row["status"] for row in rows] == [status] * 5
-    assert all(row["error"].startswith(error) for row in rows)
+    assert [row.status for row in rows] == [status] * 5
+    assert all(row.error.startswith(error) for row in rows)
     assert locust_stats(tmp_path).loc["E2E", "Failure Count"] == 5
 
 
 def test_in_flight_cap_drops_and_counts(slow_url, tmp_path):
     rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", "50", "--num-requests", "30",
                         "--max-in-flight", "3", "--model", "fake", *SMALL)
-    df = pd.DataFrame(rows)
+    df = requests_frame(rows)
     dropped = df["error"].str.startswith("dropped", na=False)
     assert len(df) == 30 and dropped.sum() > 10 and (df.loc[~dropped, "status"] == "ok").all()
     assert (df.loc[dropped, "status"] == "aborted").all()
@@ -134,7 +135,7 @@ def test_in_flight_cap_drops_and_counts(slow_url, tmp_path):
 def test_step_shape_steps_the_rate(fake_url, tmp_path):
     rows = run_headless(fake_url, tmp_path, "OpenLoopUser", "--step-qps", "4,40", "--step-seconds", "2.5",
                         "--model", "fake", *SMALL)
-    sent = np.array([row["intended_send_time"] for row in rows])
+    sent = np.array([row.intended_send_time for row in rows])
     first = (sent < sent.min() + 2.5).sum()
     assert 1 <= first <= 25 and 50 <= len(rows) - first <= 160, (first, len(rows))
 
@@ -161,8 +162,8 @@ def test_distributed_master_and_two_workers(fake_url, tmp_path):
     files = sorted((tmp_path / "rows").glob("rows-worker*.jsonl"))
     per_worker = [len(path.read_text().splitlines()) for path in files]
     assert per_worker == [30, 30]
-    rows = read_rows(tmp_path / "rows")
-    assert {row["request_id"][:3] for row in rows} == {"p0-", "p1-"}  # each worker its own schedule
+    rows = read_records(tmp_path / "rows")
+    assert {row.request_id[:3] for row in rows} == {"p0-", "p1-"}  # each worker its own schedule
     assert locust_stats(tmp_path).loc["E2E", "Request Count"] == sum(per_worker)
 
 

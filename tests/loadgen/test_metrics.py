@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pandas as pd
@@ -5,25 +6,31 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.metrics import LATENCY_METRICS, summarize
-from loadgen.results import REQUESTS_SCHEMA, is_complete, make_run_id, rebuild_experiment_summary, write_run
+from loadgen.records import RequestRecord
+from loadgen.results import (
+    REQUESTS_SCHEMA,
+    is_complete,
+    make_run_id,
+    rebuild_experiment_summary,
+    requests_frame,
+    write_run,
+)
 
 T0 = 1000.0
 
 
-def row(rid, intended, send, tokens, *, status="ok", prompt=10, warmup=False, server=None):
+def row(rid, intended, send, tokens, *, status="ok", prompt=10, warmup=False, server=None) -> RequestRecord:
     arrival, scheduled = server or (None, None)
-    return {"request_id": rid, "status": status, "error": None if status == "ok" else "boom",
-            "is_warmup": warmup, "prompt_tokens": prompt, "max_tokens": 8, "output_tokens": len(tokens),
-            "intended_send_time": T0 + intended, "send_time": T0 + send,
-            "first_token_time": T0 + tokens[0] if tokens else None,
-            "finish_time": T0 + (tokens[-1] if status == "ok" else 1.9),
-            "token_times": [T0 + t for t in tokens],
-            "server_arrival_time": None if arrival is None else T0 + arrival,
-            "server_first_scheduled_time": None if scheduled is None else T0 + scheduled,
-            "server_finish_time": None, "server_token_times": None, "num_preemptions": None}
+    return RequestRecord(
+        request_id=rid, status=status, error=None if status == "ok" else "boom", is_warmup=warmup,
+        prompt_tokens=prompt, max_tokens=8, output_tokens=len(tokens), intended_send_time=T0 + intended,
+        send_time=T0 + send, first_token_time=T0 + tokens[0] if tokens else None,
+        finish_time=T0 + (tokens[-1] if status == "ok" else 1.9), token_times=[T0 + t for t in tokens],
+        server_arrival_time=None if arrival is None else T0 + arrival,
+        server_first_scheduled_time=None if scheduled is None else T0 + scheduled)
 
 
-def example_rows() -> list[dict]:
+def example_rows() -> list[RequestRecord]:
     """Hand-computed example (times in seconds after T0):
 
     r1: ttft 100 ms (99 from send), gaps 20, 30 -> e2e 150, tpot 25, normalized 50, sched 10 ms
@@ -42,7 +49,7 @@ def example_rows() -> list[dict]:
 
 
 def test_summary_matches_hand_computation():
-    s = summarize(pd.DataFrame(example_rows()))
+    s = summarize(requests_frame(example_rows()))
     approx = pytest.approx
     duration = 1.9  # last finish (the failed request's) - first intended send
     assert (s["completed"], s["failed"]) == (3, 1)
@@ -87,19 +94,19 @@ def test_summary_matches_hand_computation():
     ({"slo_ttft_ms": 1000, "slo_tbt_ms": 1000, "slo_e2e_ms": 1000}, 3),  # f1 is never good
 ])
 def test_goodput_counts_ok_requests_meeting_all_slos(slos, good):
-    s = summarize(pd.DataFrame(example_rows()), **slos)
+    s = summarize(requests_frame(example_rows()), **slos)
     assert s["request_goodput"] == pytest.approx(good / 1.9)
     assert s["slo_ttft_ms"] == slos.get("slo_ttft_ms")
 
 
 def test_client_fell_behind_on_lag_or_rate():
     late = example_rows()
-    late[2]["send_time"] += 0.050  # 50 ms lag on one of four requests: p99 lag > 10 ms, same rate
-    s = summarize(pd.DataFrame(late))
+    late[2].send_time += 0.050  # 50 ms lag on one of four requests: p99 lag > 10 ms, same rate
+    s = summarize(requests_frame(late))
     assert s["achieved_rate"] == pytest.approx(3 / 1.499) and s["client_fell_behind"] is True
     slow = [row(f"r{i}", intended, send, [send + 0.01])
             for i, (intended, send) in enumerate([(0.0, 0.0), (0.05, 0.055), (0.1, 0.1095)])]
-    s = summarize(pd.DataFrame(slow))  # lags <= 9.5 ms, but only 91 % of the offered rate
+    s = summarize(requests_frame(slow))  # lags <= 9.5 ms, but only 91 % of the offered rate
     assert s["schedule_lag_p99_ms"] < 10
     assert (s["offered_rate"], s["achieved_rate"]) == (pytest.approx(20), pytest.approx(2 / 0.1095))
     assert s["client_fell_behind"] is True
@@ -107,7 +114,7 @@ def test_client_fell_behind_on_lag_or_rate():
 
 def test_summary_has_every_contract_key_and_handles_no_successes():
     rows = [row("f", 0.0, 0.0, [], status="timeout")]
-    s = summarize(pd.DataFrame(rows))
+    s = summarize(requests_frame(rows))
     for name in LATENCY_METRICS:
         for stat in ("mean", "std", "median", "p90", "p95", "p99", "p99.9"):
             assert s[f"{stat}_{name}_ms"] is None
@@ -126,13 +133,13 @@ def test_run_id_is_deterministic_and_filesystem_safe():
 def test_write_run_round_trip_and_experiment_summary(tmp_path):
     rows = example_rows()
     summary = {"experiment": "exp", "run_id": "qps=1", "workload": {"kind": "fixed"},
-               **summarize(pd.DataFrame(rows))}
+               **summarize(requests_frame(rows))}
     run_dir = write_run(tmp_path / "exp", "qps=1", config={"qps": 1}, requests=rows, summary=summary,
                         batches=[{"iteration": 0, "num_prefill_tokens": 5}])
     assert is_complete(run_dir) and sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["qps=1"]
     table = pq.read_table(run_dir / "requests.parquet")
     assert table.schema == REQUESTS_SCHEMA
-    assert summarize(table.to_pandas()) == summarize(pd.DataFrame(rows))
+    assert summarize(table.to_pandas()) == summarize(requests_frame(rows))
     assert json.loads((run_dir / "summary.json").read_text())["median_ttft_ms"] == pytest.approx(100)
     assert (run_dir / "config.yaml").read_text() == "qps: 1\n"
     assert pq.read_table(run_dir / "batches.parquet").num_rows == 1
@@ -147,5 +154,6 @@ def test_write_run_round_trip_and_experiment_summary(tmp_path):
 
 def test_write_run_leaves_nothing_behind_on_failure(tmp_path):
     with pytest.raises(Exception, match="Expected bytes"):  # request_id must be a string
-        write_run(tmp_path, "bad", config={}, requests=[{"request_id": 1}], summary={})
+        write_run(tmp_path, "bad", config={}, requests=[dataclasses.replace(example_rows()[0], request_id=1)],
+                  summary={})
     assert list(tmp_path.iterdir()) == []

@@ -5,13 +5,12 @@ import socket
 import threading
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from loadgen.client import iter_body, read_head
 from loadgen.metrics import summarize
 from loadgen.openloop import run_open_loop, run_open_loop_sync
-from loadgen.results import REQUESTS_SCHEMA
+from loadgen.results import requests_frame
 from loadgen.workload import RequestSpec, build_workload
 from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 
@@ -33,7 +32,7 @@ def test_fidelity_at_200_qps(fake_url):
                            num_requests=2000, seed=0, vocab_size=1000)
     with realtime_priority():
         rows = asyncio.run(run_open_loop(fake_url, specs, model="fake", timeout_s=10))
-    df = pd.DataFrame(rows)
+    df = requests_frame(rows)
     s = summarize(df)
     context = f"load average {os.getloadavg()}, summary {s}"
     assert s["completed"] == 2000, context
@@ -45,15 +44,14 @@ def test_fidelity_at_200_qps(fake_url):
     assert (df["output_tokens"] == 8).all() and (df["num_preemptions"] == 0).all()
     assert (df["server_token_times"].map(len) == 8).all()
     assert (df["server_arrival_time"] >= df["send_time"]).all()
-    assert set(rows[0]) == set(REQUESTS_SCHEMA.names)
 
 
 @pytest.mark.parametrize("status", [400, 500])
 def test_http_errors_become_error_rows(fake_url, status):
     rows = run_open_loop_sync(fake_url, specs_at([0.0] * 3), model=f"fake-status-{status}", timeout_s=5)
-    assert [r["status"] for r in rows] == ["error"] * 3
-    assert all(r["error"].startswith(f"HTTP {status}: ") and "fake error" in r["error"] for r in rows)
-    assert all(r["finish_time"] >= r["send_time"] for r in rows)
+    assert [r.status for r in rows] == ["error"] * 3
+    assert all(r.error.startswith(f"HTTP {status}: ") and "fake error" in r.error for r in rows)
+    assert all(r.finish_time >= r.send_time for r in rows)
 
 
 def test_dead_port_gives_one_error_row_per_request():
@@ -61,14 +59,14 @@ def test_dead_port_gives_one_error_row_per_request():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     rows = run_open_loop_sync(f"http://127.0.0.1:{port}", specs_at([0.0, 0.01, 0.02]), model="m", timeout_s=5)
-    assert [(r["request_id"], r["status"]) for r in rows] == [("r0", "error"), ("r1", "error"), ("r2", "error")]
-    assert all("ConnectionRefusedError" in r["error"] for r in rows)
+    assert [(r.request_id, r.status) for r in rows] == [("r0", "error"), ("r1", "error"), ("r2", "error")]
+    assert all("ConnectionRefusedError" in r.error for r in rows)
 
 
 def test_timeout_rows_keep_the_tokens_received(fake_url):
     rows = run_open_loop_sync(fake_url, specs_at([0.0], max_tokens=400), model="fake", timeout_s=0.1)
-    assert rows[0]["status"] == "timeout"
-    assert 10 <= rows[0]["output_tokens"] == len(rows[0]["token_times"]) < 400
+    assert rows[0].status == "timeout"
+    assert 10 <= rows[0].output_tokens == len(rows[0].token_times) < 400
 
 
 def test_cancel_returns_a_row_for_every_spec(fake_url):
@@ -81,9 +79,9 @@ def test_cancel_returns_a_row_for_every_spec(fake_url):
         return await task
 
     rows = asyncio.run(cancel_soon())
-    assert [(r["status"], r["error"]) for r in rows] == [("aborted", "cancelled while in flight")] * 2 + [
+    assert [(r.status, r.error) for r in rows] == [("aborted", "cancelled while in flight")] * 2 + [
         ("aborted", "not sent")] * 2  # r2 waited for a free slot, r3 was not due yet
-    assert all(r["output_tokens"] > 0 for r in rows[:2]) and rows[2]["send_time"] is None
+    assert all(r.output_tokens > 0 for r in rows[:2]) and rows[2].send_time is None
 
 
 def test_ctrl_c_stops_the_sync_run_cleanly(fake_url):
@@ -91,16 +89,16 @@ def test_ctrl_c_stops_the_sync_run_cleanly(fake_url):
     timer.start()
     rows = run_open_loop_sync(fake_url, specs_at([0.0, 30.0], max_tokens=400), model="fake", timeout_s=10)
     timer.join()
-    assert [(r["status"], r["error"]) for r in rows] == [("aborted", "cancelled while in flight"),
+    assert [(r.status, r.error) for r in rows] == [("aborted", "cancelled while in flight"),
                                                          ("aborted", "not sent")]
 
 
 def test_in_flight_cap_delays_sends_and_records_the_lag(fake_url):
     rows = run_open_loop_sync(fake_url, specs_at([0.0] * 3), model="fake", timeout_s=5, max_in_flight=1)
-    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert [r.status for r in rows] == ["ok"] * 3
     for before, after in zip(rows, rows[1:], strict=False):
-        assert after["send_time"] >= before["finish_time"]
-    lags = [r["send_time"] - r["intended_send_time"] for r in rows]
+        assert after.send_time >= before.finish_time
+    lags = [r.send_time - r.intended_send_time for r in rows]
     assert lags[0] < 0.01 and lags[2] > lags[1] > 0.03  # each request takes ~35 ms
 
 
@@ -109,12 +107,12 @@ def test_schedule_is_absolute_and_warmup_duration_progress(fake_url):
     specs = specs_at([0.0, 0.1, 0.2, 0.3, 5.0], max_tokens=2)
     rows = run_open_loop_sync(fake_url, specs, model="fake", timeout_s=5, warmup=2, duration_s=1.0,
                               progress=seen.append)
-    assert [r["request_id"] for r in rows] == ["r0", "r1", "r2", "r3"]  # r4 lies beyond duration_s
-    assert [r["is_warmup"] for r in rows] == [True, True, False, False]
-    assert sorted(r["request_id"] for r in seen) == ["r0", "r1", "r2", "r3"]
-    intended = np.array([r["intended_send_time"] for r in rows])
+    assert [r.request_id for r in rows] == ["r0", "r1", "r2", "r3"]  # r4 lies beyond duration_s
+    assert [r.is_warmup for r in rows] == [True, True, False, False]
+    assert sorted(r.request_id for r in seen) == ["r0", "r1", "r2", "r3"]
+    intended = np.array([r.intended_send_time for r in rows])
     np.testing.assert_allclose(np.diff(intended), 0.1, atol=1e-6)  # epoch float precision
-    lags = np.array([r["send_time"] for r in rows]) - intended
+    lags = np.array([r.send_time for r in rows]) - intended
     assert (lags >= 0).all() and (lags < 0.02).all()
 
 
