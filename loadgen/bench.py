@@ -55,5 +55,11 @@ def main() -> None:
     _app()
 
 
+def capacity_main() -> None:
+    """``stallfree-capacity ARGS``: ``stallfree-bench ARGS +experiment=capacity``."""
+    sys.argv.append("+experiment=capacity")  # after any -m: Hydra takes overrides in one run
+    main()
+
+
 if __name__ == "__main__":
     main()

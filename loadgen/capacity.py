@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -141,11 +140,3 @@ def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
           f"({slo['slo_tbt_ms']:.0f} ms): {result.capacity_qps:g} qps{bound}, {len(result.points)} points",
           flush=True)
     return record
-
-
-def main() -> None:
-    """``stallfree-capacity``: this process becomes ``stallfree-bench ARGS +experiment=capacity``
-    (exec, not import: the bench app sits above this module). The preset goes after any ``-m``:
-    Hydra takes overrides in one run."""
-    command = [sys.executable, "-m", "loadgen.bench", *sys.argv[1:], "+experiment=capacity"]
-    os.execv(sys.executable, command)

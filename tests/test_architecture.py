@@ -115,6 +115,11 @@ def test_no_module_level_import_cycle():
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
 
 
+def test_nothing_imports_the_bench_entry_point():
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    assert graph.find_modules_that_directly_import("loadgen.bench") == set()
+
+
 def test_source_files_are_small():
     offenders = []
     for top in ("engine", "loadgen", "analysis", "benchmarks", "tests"):

@@ -60,11 +60,11 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
     records = [RequestRecord.unsent(spec, intended_send_time=t0 + spec.send_offset_s, is_warmup=i < warmup)
                for i, spec in enumerate(specs)]
     in_flight: dict[str, RequestRecord] = {}
-    latest_metrics: dict[str, RequestMetrics] = {}  # the RequestMetrics of each request's latest output
 
-    def done(request_id: str, status: str, error: str | None, finish_time: float) -> None:
+    def done(request_id: str, status: str, error: str | None, finish_time: float,
+             metrics: RequestMetrics | None) -> None:
         record = in_flight.pop(request_id)
-        _end(record, status, error, finish_time, latest_metrics.pop(request_id, None))
+        _end(record, status, error, finish_time, metrics)
         if progress is not None:
             progress(record)
 
@@ -86,14 +86,13 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
     while in_flight:
         before, iterations = engine.clock(), len(engine.batch_records)
         for out in engine.step():
-            latest_metrics[out.request_id] = out.metrics
             if out.finished:
-                done(out.request_id, "ok", None, out.metrics.finish_time)
+                done(out.request_id, "ok", None, out.metrics.finish_time, out.metrics)
         if timeout_s is not None:
             deadline = engine.clock() - timeout_s
             for request_id in [rid for rid, r in in_flight.items() if r.intended_send_time < deadline]:
-                engine.abort(request_id)
-                done(request_id, "timeout", TIMEOUT_ERROR, engine.clock())
+                aborted = engine.abort(request_id)
+                done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
         if len(engine.batch_records) == iterations and in_flight:
             upcoming = bisect.bisect_right(arrivals, before)
             if upcoming == len(arrivals):
