@@ -32,7 +32,7 @@ RELAXED_FACTOR = 25.0
 MAX_SCHEDULING_DELAY_MS = 2000.0
 CONFIG_KEYS = ["experiment", "scheduler", "chunk_size", "chunk", "config"]
 SLO_KEYS = ["slo_name", "slo_tbt_ms", "source"]
-COLUMNS = [*CONFIG_KEYS, *SLO_KEYS, "capacity_qps", "ratio_to_vllm"]
+COLUMNS = [*CONFIG_KEYS, *SLO_KEYS, "capacity_qps", "capacity_ci_lo", "capacity_ci_hi", "ratio_to_vllm"]
 
 
 def slo_levels(runs: pd.DataFrame, batches: pd.DataFrame | None = None, strict_ms: float | None = None,

@@ -1,7 +1,8 @@
 """Load stallfree results (layout in docs/contracts.md) into tidy DataFrames.
 
-A *source* is a results root (`results/`), one experiment dir (`results/<exp>/`), one run dir, a list
-of those, or a runs DataFrame from `load_runs` (then its `run_dir` column is used). Runs come from
+A *source* is a results root (`results/`), one experiment dir (`results/<exp>/`), one run dir, a vLLM
+`bench serve --save-result` JSON file (`analysis.vllm_format`), a list of those, or a runs DataFrame from
+`load_runs` (then its `run_dir` column is used). Runs come from
 each run's `summary.json`; an experiment without run dirs falls back to its `summary.parquet` (such
 runs have no requests or batches). Dot-prefixed and `*.tmp` dirs are runs still being written and
 are skipped. Every frame carries the run keys `RUN_KEYS`, so frames join on them.
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.vllm_format import read_vllm_results
 from loadgen.metrics import request_metrics
 
 RUN_KEYS = ["experiment", "run_id", "scheduler", "chunk_size", "qps"]
@@ -53,7 +55,12 @@ def load_runs(source: Source) -> pd.DataFrame:
         return source
     records: list[dict] = []
     fallbacks: list[pd.DataFrame] = []
+    vllm_files = [p for p in _paths(source) if p.suffix == ".json" and p.is_file()]
+    if vllm_files:
+        fallbacks.append(read_vllm_results(vllm_files))
     for path in _paths(source):
+        if path in vllm_files:
+            continue
         dirs = run_dirs(path)
         for d in dirs:
             record = json.loads((d / "summary.json").read_text())
@@ -131,11 +138,22 @@ def coverage_note(runs: pd.DataFrame) -> str:
     missing = [p for p in POLICIES if p not in set(runs["scheduler"])]
     if missing:
         notes.append(f"No runs for policies: {', '.join(missing)}.")
+    disturbed = runs.loc[disturbed_mask(runs), "run_id"]
+    if len(disturbed):
+        notes.append(f"**Disturbed runs** (the engine got too little of the CPU it asked for; drawn hollow): "
+                     f"{', '.join(disturbed.astype(str))}.")
     experiments = sorted(runs["experiment"].astype(str).unique())
     if len(experiments) > 1:
         notes.append(f"Runs of {len(experiments)} experiments are pooled ({', '.join(experiments)}); "
                      "pass one experiment dir to compare within one.")
     return " ".join(notes)
+
+
+def disturbed_mask(runs: pd.DataFrame) -> pd.Series:
+    """Runs marked disturbed (summary `disturbed`; false where unknown)."""
+    if "disturbed" not in runs:
+        return pd.Series(False, index=runs.index)
+    return runs["disturbed"].astype(object).where(runs["disturbed"].notna(), False).astype(bool)
 
 
 def label_configs(frame: pd.DataFrame) -> pd.DataFrame:

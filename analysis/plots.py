@@ -20,6 +20,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 from analysis.capacity import BASELINE
 from analysis.load import NO_CHUNK, POLICIES
 from analysis.pareto import pareto_front
+from analysis.repeats import repeat_summary
 from analysis.stalls import long_requests
 
 LABELS = {
@@ -48,13 +49,15 @@ def policy_palette(schedulers: pd.Series | list[str]) -> dict[str, tuple]:
 
 def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str = "output_throughput",
                 slos: Mapping[str, float] | None = None, save: str | Path | None = None) -> Figure:
-    """Throughput vs a latency percentile: one point per run (colour = policy, marker = chunk size,
-    size = QPS), the Pareto frontier of each policy (per experiment) as a line, SLOs as dashed
-    vertical lines. `slos`
-    defaults to the runs' configured `slo_ttft_ms` / `slo_tbt_ms` matching the latency metric."""
+    """Throughput vs a latency percentile: one point per run, or the mean of a point's repeats with
+    its 95% intervals as error bars (colour = policy, marker = chunk size, size = QPS), the Pareto
+    frontier of each policy (per experiment) as a line, SLOs as dashed vertical lines, disturbed runs
+    hollow and named below. `slos` defaults to the runs' configured `slo_ttft_ms` / `slo_tbt_ms`
+    matching the latency metric."""
     points = runs.dropna(subset=[c for c in (latency, throughput) if c in runs])
     if points.empty or not {latency, throughput} <= set(points.columns):
         return _message(f"No runs with {LABELS.get(latency, latency)} and throughput.", save)
+    points = repeat_summary(points, [latency, throughput])
     with _style():
         fig = Figure(figsize=(8.5, 5.2), layout="constrained")
         ax = fig.subplots()
@@ -66,6 +69,8 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
         front = pareto_front(points, latency, throughput, by=("experiment", "scheduler"))
         for (_, scheduler), line in front.groupby(["experiment", "scheduler"], sort=False):
             ax.plot(line[latency], line[throughput], color=palette[scheduler], lw=1.8, alpha=0.7, zorder=2)
+        _intervals(ax, points, latency, throughput, palette)
+        _mark_disturbed(fig, ax, points, latency, throughput)
         _log_scale(ax, "x")
         _slo_lines(ax, _configured_slo(points, latency) if slos is None else slos, vertical=True)
         ax.set(xlabel=LABELS.get(latency, latency), ylabel=LABELS.get(throughput, throughput),
@@ -77,9 +82,30 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
         return _finish(fig, save)
 
 
+def _intervals(ax: Axes, points: pd.DataFrame, x: str, y: str, palette: Mapping[str, tuple]) -> None:
+    """95% intervals of the points measured more than once, as error bars in the policy's colour."""
+    for row in points[points["n_repeats"] > 1].itertuples(index=False):
+        r = row._asdict()
+        ax.errorbar(r[x], r[y], xerr=[[r[x] - r[f"{x}_ci_lo"]], [r[f"{x}_ci_hi"] - r[x]]],
+                    yerr=[[r[y] - r[f"{y}_ci_lo"]], [r[f"{y}_ci_hi"] - r[y]]], fmt="none",
+                    ecolor=palette[r["scheduler"]], elinewidth=1.2, capsize=3, alpha=0.8, zorder=2)
+
+
+def _mark_disturbed(fig: Figure, ax: Axes, points: pd.DataFrame, x: str, y: str) -> None:
+    """Disturbed points (the engine got too little CPU) drawn hollow, their runs named under the plot."""
+    disturbed = points[points["disturbed"]]
+    if disturbed.empty:
+        return
+    ax.scatter(disturbed[x], disturbed[y], s=90, facecolors="white", edgecolors="0.2", linewidths=1.5, zorder=4)
+    names = ", ".join(run for runs in disturbed["disturbed_runs"] for run in runs)
+    fig.supxlabel(f"hollow: disturbed runs (the engine got too little of the CPU it asked for): {names}", fontsize=8, color="0.3",
+                  ha="left", x=0.01, wrap=True)
+
+
 def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Capacity bars (`capacity.capacity_table`) per config (colour = policy), one panel per SLO, each
-    bar annotated with its capacity and its ratio to `vllm` under the same SLO."""
+    bar annotated with its capacity and its ratio to `vllm` under the same SLO; a capacity searched
+    on several seeds is their mean, with its 95% interval as an error bar."""
     table = table.dropna(subset=["capacity_qps"])
     if table.empty:
         return _message("No capacity data: no capacity.json, no capacity-search runs and no sweep runs.",
@@ -100,6 +126,11 @@ def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure
             drawn = ax.bar(x, panel["capacity_qps"], width=0.7,
                            color=[palette[scheduler] for scheduler in panel["scheduler"]])
             ax.bar_label(drawn, labels=[_capacity_text(r) for r in panel.itertuples()], padding=2, fontsize=9)
+            spread = panel.dropna(subset=["capacity_ci_lo", "capacity_ci_hi"])
+            ax.errorbar([labels.index(label) for label in spread.index], spread["capacity_qps"],
+                        yerr=[spread["capacity_qps"] - spread["capacity_ci_lo"],
+                              spread["capacity_ci_hi"] - spread["capacity_qps"]],
+                        fmt="none", ecolor="0.2", capsize=4, zorder=3)
             ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0)
             pad = 0.5 + max(0.0, 1.5 - len(labels) / 2)  # keeps a lone bar from filling the panel
             ax.set_xlim(-pad, len(labels) - 1 + pad)

@@ -17,6 +17,8 @@ from nbconvert import HTMLExporter
 from traitlets import default
 
 import analysis
+from analysis.load import load_runs
+from analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls"}
@@ -97,10 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-tbt-ms", type=float, help="strict TBT SLO (ms); default 5x decode iteration")
     parser.add_argument("--relaxed-slo-tbt-ms", type=float, help="relaxed TBT SLO (ms); default 25x")
     parser.add_argument("--qps", type=float, help="QPS of the runs in the stall timeline")
+    parser.add_argument("--export", choices=["vllm"], help="instead of the report, write each run as vLLM's "
+                        "bench serve --save-result JSON (to --out, default RESULTS_DIR/vllm/)")
+    parser.add_argument("--out", type=Path, help="--export: the output directory")
     args = parser.parse_args(argv)
     if not args.results_dir.is_dir():
         print(f"stallfree-report: error: results directory not found: {args.results_dir}", file=sys.stderr)
         return 2
+    if args.export:
+        written = export_vllm(load_runs(args.results_dir), args.out or args.results_dir / "vllm")
+        print(f"exported {len(written)} runs to {args.out or args.results_dir / 'vllm'}/")
+        return 0
     try:
         report = build_report(args.results_dir, slo_tbt_ms=args.slo_tbt_ms,
                               relaxed_slo_tbt_ms=args.relaxed_slo_tbt_ms, qps=args.qps)

@@ -15,9 +15,12 @@ _EXPORTS = {
     "SamplingParams": "engine.request", "RequestMetrics": "engine.request", "RequestStatus": "engine.request",
     "RequestOutput": "engine.outputs", "BatchRecord": "engine.outputs",
     "SCHEDULERS": "engine.scheduler", "resolve_model_path": "engine.model.presets",
+    "CostModel": "engine.runner.cost_model", "profile_cost_model": "engine.runner.profile",
+    "first_lone_surrogate": "engine.tokenizer",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
-           "RequestMetrics", "RequestStatus", "RequestOutput", "BatchRecord", "SCHEDULERS", "resolve_model_path"]
+           "RequestMetrics", "RequestStatus", "RequestOutput", "BatchRecord", "SCHEDULERS", "resolve_model_path",
+           "CostModel", "profile_cost_model", "first_lone_surrogate"]
 
 if TYPE_CHECKING:
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -26,7 +29,10 @@ if TYPE_CHECKING:
     from engine.model.presets import resolve_model_path
     from engine.outputs import BatchRecord, RequestOutput
     from engine.request import RequestMetrics, RequestStatus, SamplingParams
+    from engine.runner.cost_model import CostModel
+    from engine.runner.profile import profile_cost_model
     from engine.scheduler import SCHEDULERS
+    from engine.tokenizer import first_lone_surrogate
 
 
 def __getattr__(name: str):

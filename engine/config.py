@@ -11,10 +11,13 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings (capped at 4096)
     seed: int = 0  # sampling seed for requests without their own
-    attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn
+    attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn | triton
     runner: str = "model"  # model (real forward pass) | simulated (engine/simulator.py: a fitted cost model)
     cost_model: str | None = None  # simulated: a CostModel JSON; None: profile this model's real runner once
     clock: str = "real"  # simulated: real (iterations sleep) | virtual (offline, time is a counter)
+    cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
+    tokenizer: str | None = None  # a tokenizer directory or preset name; None: the model directory's own
+    skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from engine.outputs import BatchRecord, RequestOutput
 from engine.request import Request, RequestStatus, SamplingParams
 from engine.runner.factory import make_runner
 from engine.scheduler import make_scheduler
+from engine.tokenizer import first_lone_surrogate, load_tokenizer
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -31,9 +32,9 @@ class LLMEngine:
                                  arch.sliding_window or arch.max_position_embeddings)
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        from transformers import AutoTokenizer
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.eos_token_ids = set(arch.eos_token_ids) or {self.tokenizer.eos_token_id}
+        self.tokenizer, self.no_tokenizer_reason = load_tokenizer(path, mc.tokenizer, mc.skip_tokenizer_init)
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
         num_blocks = cc.num_blocks or self._num_blocks_for_budget(arch)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
@@ -87,6 +88,10 @@ class LLMEngine:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued then)."""
         params = params or SamplingParams()
         params.validate()
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError(f"text prompts need a tokenizer: {self.no_tokenizer_reason}")
+        if isinstance(prompt, str) and (surrogate := first_lone_surrogate(prompt)) is not None:
+            raise ValueError(f"prompt has a lone UTF-16 surrogate at index {surrogate} (not valid Unicode)")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
@@ -132,6 +137,7 @@ class LLMEngine:
             iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
             num_prefill_seqs=out.num_prefill_seqs, num_decode_seqs=out.num_decode_seqs,
+            prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
             num_waiting=self.num_waiting, num_running=self.num_running))
         return [self._output(request, request.output_token_ids[-1:]) for request in updated]
@@ -149,6 +155,7 @@ class LLMEngine:
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             token_ids=list(request.output_token_ids), new_token_ids=new_tokens,
             # Decoding the whole output every step is quadratic: only finished outputs carry text.
-            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True) if finished else "",
+            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+            if finished and self.tokenizer is not None else "",
             finished=finished, finish_reason=request.status.value if finished else None,
             metrics=request.metrics)

@@ -15,7 +15,10 @@ from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SERVER_KEYS = ("host", "port", "api_key", "max_waiting", "max_body_bytes", "served_model_name",
-               "timeout_graceful_shutdown", "log_level")
+               "timeout_graceful_shutdown", "log_level", "body_read_timeout_s", "header_read_timeout_s",
+               "timeout_keep_alive_s", "batch_history_max_records", "batch_history_max_age_s")
+# Names the engine checks itself when it starts (their choices live with the code that uses them).
+MODEL_NAMES = ("dtype", "device", "attention_backend", "runner", "clock")
 
 
 class ConfigError(ValueError):
@@ -47,15 +50,45 @@ def override(key: str, value: object) -> str:
     return f"{key}={'null' if value is None else json.dumps(value)}"
 
 
+def check_model_group(model: Mapping) -> None:
+    """Raise ConfigError for the first bad value of a composed ``model`` group (serve and bench alike):
+    the checks that need no torch; unknown dtypes, devices, backends, runners and clocks are reported by
+    the engine as it starts."""
+    name = model.get("name")
+    require(isinstance(name, str) and bool(name), "model.name", "a non-empty string", name)
+    path = model.get("path")
+    require(path is None or (isinstance(path, str) and Path(path).expanduser().is_dir()), "model.path",
+            "a checkpoint directory", path)
+    for key in MODEL_NAMES:
+        require(isinstance(model.get(key), str) and bool(model.get(key)), f"model.{key}", "a non-empty string",
+                model.get(key))
+    max_len = model.get("max_model_len")
+    require(max_len is None or (is_int(max_len) and max_len >= 2), "model.max_model_len", "an integer >= 2 or null",
+            max_len)
+    kv = model.get("kv_memory_gib")
+    require(is_number(kv) and kv > 0, "model.kv_memory_gib", "a number > 0", kv)
+    tokenizer = model.get("tokenizer")
+    require(tokenizer is None or (isinstance(tokenizer, str) and bool(tokenizer)), "model.tokenizer",
+            "a tokenizer directory, a preset name or null", tokenizer)
+    for key in ("skip_tokenizer_init", "cuda_graphs"):
+        require(isinstance(model.get(key, False), bool), f"model.{key}", "true or false", model.get(key))
+
+
 def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: int | None) -> dict:
-    """``EngineConfig.from_kwargs`` arguments from the ``model`` and ``scheduler`` groups. ``chunk_size``
-    None leaves the engine's default (policies that do not chunk ignore it)."""
+    """``EngineConfig.from_kwargs`` arguments from the ``model`` and ``scheduler`` groups (checked with
+    ``check_model_group``). ``chunk_size`` None leaves the engine's default (policies that do not chunk
+    ignore it)."""
+    check_model_group(model)
+    tokenizer = model.get("tokenizer")
     kwargs = dict(model=str(Path(model["name"]).expanduser()) if "path" in model else model["name"],
                   dtype=model["dtype"], device=model["device"], max_model_len=model["max_model_len"],
                   kv_memory_gib=model["kv_memory_gib"], attention_backend=model["attention_backend"],
                   runner=model["runner"], cost_model=model["cost_model"], clock=model["clock"],
+                  cuda_graphs=model.get("cuda_graphs", True),
                   scheduler=scheduler["name"], max_num_seqs=scheduler["max_num_seqs"],
-                  max_num_batched_tokens=scheduler["max_num_batched_tokens"])
+                  max_num_batched_tokens=scheduler["max_num_batched_tokens"],
+                  tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser()),
+                  skip_tokenizer_init=model.get("skip_tokenizer_init", False))
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         require(is_int(kwargs[key]) and kwargs[key] >= 1, f"scheduler.{key}", "an integer >= 1", kwargs[key])
     if chunk_size is not None:
@@ -81,3 +114,25 @@ def serve_overrides(model: Mapping, scheduler: Mapping, server: Mapping) -> list
     knobs |= {f"scheduler.{key}": value for key, value in scheduler.items()}
     knobs |= server
     return [override(key, value) for key, value in knobs.items()]
+
+
+def compose(config_name: str, overrides: list[str], job_name: str) -> dict:
+    """``conf/<config_name>.yaml`` with command-line overrides, resolved to plain containers."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=job_name):
+        cfg = hydra_compose(config_name=config_name, overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def one_line(exc: BaseException) -> str:
+    """A configuration or startup error as one line (Hydra's search-path notes and tracebacks left out)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    text = str(exc).split("Config search path")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(exc, OmegaConfBaseException) and lines:
+        return f"{exc.full_key}: {lines[0]}" if exc.full_key else lines[0]
+    return " ".join(lines) or type(exc).__name__

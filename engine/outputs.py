@@ -27,6 +27,8 @@ class BatchRecord:
     num_decode_tokens: int
     num_prefill_seqs: int
     num_decode_seqs: int
+    prefill_attention_work: int  # sum over prefill chunks of chunk tokens x (cached context + chunk tokens)
+    decode_context_tokens: int  # sum over decodes of their context length
     num_preemptions: int
     num_kv_blocks_used: int
     num_waiting: int

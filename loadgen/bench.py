@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from loadgen.capacity import run_search
 from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, exit_on_config_error, validate_cli
 from loadgen.live_target import LiveTarget
-from loadgen.runner import run_point
+from loadgen.runner import repeat_configs, run_point
 
 PROG = "stallfree-bench"
 
@@ -41,7 +41,8 @@ def _app(cfg: DictConfig) -> None:
         if cfg.mode == "capacity":
             run_search(cfg, _targets)
         else:
-            run_point(cfg, _targets)
+            for repeat_cfg in repeat_configs(cfg):
+                run_point(repeat_cfg, _targets)
 
     try:
         exit_on_config_error(PROG, job)

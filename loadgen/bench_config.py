@@ -33,12 +33,26 @@ def digest(value) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def model_vocab_size(cfg: DictConfig) -> int:
-    """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json."""
+def _model_path(cfg: DictConfig):
     from engine import resolve_model_path
 
     try:
-        path = resolve_model_path(engine_kwargs(cfg)["model"])
+        return resolve_model_path(engine_kwargs(cfg)["model"])
     except ValueError as e:
         raise ConfigError(f"model.name: {e}") from None
-    return int(json.loads((path / "config.json").read_text())["vocab_size"])
+
+
+def workload_tokenizer(cfg: DictConfig):
+    """The tokenizer that counts a text workload's tokens: ``workload.tokenizer`` (a directory), by
+    default the run's model's; None for workloads of token ids."""
+    from loadgen.text_workloads import load_tokenizer
+    from loadgen.workload import is_text_workload
+
+    if not is_text_workload(section(cfg.workload, "lengths")):
+        return None
+    return load_tokenizer(str(cfg.workload.get("tokenizer") or _model_path(cfg)))
+
+
+def model_vocab_size(cfg: DictConfig) -> int:
+    """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json."""
+    return int(json.loads((_model_path(cfg) / "config.json").read_text())["vocab_size"])

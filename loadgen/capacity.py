@@ -6,7 +6,8 @@ failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is
 ``stallfree-bench`` (loadgen.runner.run_point), so an interrupted search resumes where it stopped.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
 ``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, slo_name,
-slo_tbt_ms, capacity_qps, ..., points} rebuilt from one file per search in ``.capacity/``.
+slo_tbt_ms, capacity_qps (mean over repeats), capacity_ci_lo / capacity_ci_hi (its 95% interval),
+..., points} rebuilt from one file per search in ``.capacity/``.
 
 ``stallfree-capacity ARGS`` is ``stallfree-bench +experiment=capacity ARGS``.
 """
@@ -24,8 +25,9 @@ from loadgen.bench_config import chunk_size
 from loadgen.live_target import LiveTarget
 from loadgen.plan import plan_run
 from loadgen.results import make_run_id
-from loadgen.runner import run_point
+from loadgen.runner import repeat_configs, run_point
 from loadgen.slo import resolve_slo
+from loadgen.stats import mean_interval
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
 
@@ -109,34 +111,49 @@ def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
     return records
 
 
-def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
-    """Search the capacity of the config's scheduler / chunk size under its SLO; record and return it."""
+def _search_one(cfg: DictConfig, targets: LiveTarget, slo: dict, max_delay_ms: float) -> Search:
+    """One search on the config's seed. A point whose run was disturbed (summary ``disturbed``: the
+    engine got too little CPU) is measured once more."""
     c = cfg.capacity
-    exp_dir = Path(cfg.results_dir) / cfg.experiment_name
-    slo = resolve_slo(cfg, exp_dir, targets)
-    max_delay_ms = c.max_p50_scheduling_delay_s * 1e3
 
     def measure(qps: float) -> Point:
         point_cfg = cfg.copy()
         point_cfg.qps = qps
-        point = point_from_summary(run_point(point_cfg, targets, capacity_slo=cfg.slo.name), slo["slo_tbt_ms"],
-                                   max_delay_ms)
+        summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name)
+        if summary.get("disturbed"):
+            print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
+            summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name, rerun=True)
+        point = point_from_summary(summary, slo["slo_tbt_ms"], max_delay_ms)
         print(f"  qps {qps:g}: {'pass' if point.passed else 'fail'}", flush=True)
         return point
 
-    result = search(measure, c.start_qps, c.min_qps, c.max_qps, c.tolerance)
+    return search(measure, c.start_qps, c.min_qps, c.max_qps, c.tolerance)
+
+
+def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
+    """Search the capacity of the config's scheduler / chunk size under its SLO, once per repeat (seeds
+    seed, seed + 1, ...); record and return it with the mean capacity and its 95% interval."""
+    exp_dir = Path(cfg.results_dir) / cfg.experiment_name
+    slo = resolve_slo(cfg, exp_dir, targets)
+    max_delay_ms = cfg.capacity.max_p50_scheduling_delay_s * 1e3
+    results = [_search_one(repeat_cfg, targets, slo, max_delay_ms) for repeat_cfg in repeat_configs(cfg)]
+    interval = mean_interval([r.capacity_qps for r in results])
+    first = results[0]
     plan = plan_run(cfg, capacity_slo=cfg.slo.name)
     record = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), **slo,
-              "capacity_qps": result.capacity_qps, "bracketed": result.bracketed, "lo_qps": result.lo_qps,
-              "hi_qps": result.hi_qps, "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": c.tolerance,
+              "capacity_qps": interval.mean, "capacity_ci_lo": interval.lo, "capacity_ci_hi": interval.hi,
+              "capacity_qps_repeats": [r.capacity_qps for r in results],
+              "bracketed": all(r.bracketed for r in results), "lo_qps": first.lo_qps, "hi_qps": first.hi_qps,
+              "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": cfg.capacity.tolerance,
               **{k: plan.params[k] for k in RUN_PARAMS},
-              "points": [asdict(p) for p in result.points]}
+              "points": [asdict(p) for r in results for p in r.points]}
     key = make_run_id({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg),
                        "slo": cfg.slo.name, "cfg": plan.digest})
     _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
     rebuild_capacity_json(exp_dir)
-    bound = "" if result.bracketed else " (max_qps passed)" if result.lo_qps else " (none passed)"
+    bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
+    spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
     print(f"[capacity] {cfg.scheduler.name} chunk_size={chunk_size(cfg)} slo={cfg.slo.name} "
-          f"({slo['slo_tbt_ms']:.0f} ms): {result.capacity_qps:g} qps{bound}, {len(result.points)} points",
-          flush=True)
+          f"({slo['slo_tbt_ms']:.0f} ms): {interval.mean:g} qps{spread}{bound}, "
+          f"{sum(len(r.points) for r in results)} points", flush=True)
     return record

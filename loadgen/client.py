@@ -1,4 +1,4 @@
-"""Streaming OpenAI completions client that records a client receive time for every token.
+"""Streaming OpenAI completions / chat completions client that records a client receive time for every token.
 
 HTTP/1.1 is spoken directly on asyncio streams (keep-alive pool, chunked / content-length / close-
 delimited bodies, http and https). httpx was measured first: on the 2-core test machine it spent
@@ -18,12 +18,11 @@ from urllib.parse import urlsplit
 
 from loadgen.completions import (
     CANCELLED,
-    COMPLETIONS_PATH,
     NO_DONE,
     ResponseError,
     apply_sse_event,
-    completion_body,
     failure_error,
+    request,
     timeout_error,
 )
 from loadgen.records import RequestRecord
@@ -106,12 +105,12 @@ def keeps_alive(headers: dict[str, str]) -> bool:
     return framed and headers.get("connection", "").lower() != "close"
 
 
-async def _stream(client: HttpClient, body: bytes, record: RequestRecord) -> None:
+async def _stream(client: HttpClient, path: str, body: bytes, record: RequestRecord) -> None:
     """POST and consume the SSE stream, filling the record in place; raises on failure."""
     conn = await client.acquire()
     reusable = False
     try:
-        conn[1].write(client.post_bytes(COMPLETIONS_PATH, body))
+        conn[1].write(client.post_bytes(path, body))
         status, headers = await read_head(conn[0])
         if status != 200:
             text = b"".join([piece async for piece in iter_body(conn[0], headers)])
@@ -131,19 +130,20 @@ async def _stream(client: HttpClient, body: bytes, record: RequestRecord) -> Non
 
 
 async def send_request(client: HttpClient, spec: RequestSpec, *, model: str, intended_send_time: float,
-                       timeout_s: float, is_warmup: bool = False) -> RequestRecord:
-    """POST one streaming completion now; return its record (never raises).
+                       timeout_s: float, is_warmup: bool = False, endpoint: str = "completions") -> RequestRecord:
+    """POST one streaming completion (``endpoint``: completions or chat) now; return its record (never
+    raises).
 
     status: ok (stream finished with ``data: [DONE]``), timeout (no complete response within
     timeout_s), aborted (the task was cancelled), error (anything else; the message is in ``error``).
     """
     record = RequestRecord.unsent(spec, intended_send_time=intended_send_time, is_warmup=is_warmup)
-    body = completion_body(spec, model)
+    path, body = request(spec, model, endpoint)
     record.mark_sent(time.time())
     status, error = "ok", None
     try:
         async with asyncio.timeout(timeout_s):
-            await _stream(client, body, record)
+            await _stream(client, path, body, record)
     except TimeoutError:
         status, error = "timeout", timeout_error(timeout_s)
     except asyncio.CancelledError:

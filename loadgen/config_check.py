@@ -14,7 +14,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from engine.hydra_groups import CONF_DIR, ConfigError, is_int, is_number, require
+from engine.hydra_groups import CONF_DIR, ConfigError, check_model_group, is_int, is_number, require
+from loadgen.metrics import parse_goodput
 
 CONFIG_NAME = "bench"
 MODES = ("run", "capacity")
@@ -38,20 +39,25 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
     require(cfg.mode in MODES, "mode", f"one of {list(MODES)}", cfg.mode)
     _positive(cfg, "qps")
-    for key in ("chunk_size", "num_requests"):
+    for key in ("chunk_size", "num_requests", "repeats"):
         require(is_int(cfg[key]) and cfg[key] >= 1, key, "an integer >= 1", cfg[key])
     require(is_int(cfg.seed), "seed", "an integer", cfg.seed)
     require(is_int(cfg.warmup) and 0 <= cfg.warmup < cfg.num_requests, "warmup",
           f"an integer in [0, num_requests={cfg.num_requests})", cfg.warmup)
-    path = cfg.model.get("path")
-    require(path is None or Path(path).expanduser().is_dir(), "model.path", "a checkpoint directory", path)
-    _positive(cfg, "model.kv_memory_gib")
+    check_model_group(OmegaConf.to_container(cfg.model, resolve=True))
     require(cfg.model.clock == "real" or cfg.target.kind == "inprocess", "model.clock",
           "'real' unless target=inprocess (a server's virtual time means nothing to a client)", cfg.model.clock)
     _positive(cfg, "slo.tbt_ms", optional=True)
     _positive(cfg, "slo.tbt_multiple")
+    share = cfg.min_engine_cpu_share
+    require(is_number(share) and 0 <= share <= 1, "min_engine_cpu_share", "a number in [0, 1]", share)
     _positive(cfg, "slo.ttft_ms", optional=True)
+    try:
+        parse_goodput(OmegaConf.select(cfg, "slo.goodput"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _positive(cfg, "target.timeout_s")
+    _check_endpoint(cfg)
     cap = OmegaConf.select(cfg, "target.max_in_flight")
     require(cap is None or (is_int(cap) and cap >= 1), "target.max_in_flight", "an integer >= 1 or null", cap)
     for key in ("num_seqs", "prompt_tokens", "output_tokens"):
@@ -65,6 +71,19 @@ def check(cfg: DictConfig) -> None:
     _check_workload(cfg)
 
 
+def _check_endpoint(cfg: DictConfig) -> None:
+    from loadgen.completions import ENDPOINT_PATHS
+    from loadgen.workload import is_text_workload
+
+    endpoint = OmegaConf.select(cfg, "target.endpoint")
+    if endpoint is None:  # target=inprocess: no HTTP
+        return
+    require(endpoint in ENDPOINT_PATHS, "target.endpoint", f"one of {sorted(ENDPOINT_PATHS)}", endpoint)
+    text = is_text_workload(OmegaConf.to_container(cfg.workload.lengths, resolve=True))
+    require(endpoint != "chat" or text, "target.endpoint", "completions for a workload of token ids "
+            "(chat needs a text workload: sharegpt, jsonl, sonnet)", endpoint)
+
+
 def _missing_keys(node, prefix: str = "") -> list[str]:
     """Keys left at ``???``, without resolving interpolations (which would fail on them first)."""
     if isinstance(node, dict):
@@ -72,13 +91,24 @@ def _missing_keys(node, prefix: str = "") -> list[str]:
     return [prefix.rstrip(".")] if node == "???" else []
 
 
+class StandInTokenizer:
+    """One token per word: text workloads are only built to validate them here, and a real tokenizer
+    gives at least as many tokens, so nothing that fits is rejected for its length."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [len(word) for word in text.split()]
+
+
 def _check_workload(cfg: DictConfig) -> None:
     from loadgen.workload import build_workload
 
+    tokenizer = cfg.workload.get("tokenizer")
+    require(tokenizer is None or Path(tokenizer).expanduser().is_dir(), "workload.tokenizer",
+            "a tokenizer directory or null", tokenizer)
     try:
         build_workload(OmegaConf.to_container(cfg.arrival, resolve=True),
                        OmegaConf.to_container(cfg.workload.lengths, resolve=True), cfg.num_requests,
-                       cfg.seed, STAND_IN_VOCAB, cfg.workload.max_total_tokens)
+                       cfg.seed, STAND_IN_VOCAB, cfg.workload.max_total_tokens, tokenizer=StandInTokenizer())
     except ValueError as e:
         message = str(e)  # "lengths.*" and "max_total_tokens" live in the workload group
         prefix = "workload." if message.startswith(("lengths", "max_total")) else ""

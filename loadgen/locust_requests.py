@@ -12,12 +12,11 @@ from locust.env import Environment
 
 from loadgen.completions import (
     CANCELLED,
-    COMPLETIONS_PATH,
     NO_DONE,
     ResponseError,
     apply_sse_event,
-    completion_body,
     failure_error,
+    request,
     timeout_error,
 )
 from loadgen.records import RequestRecord
@@ -42,18 +41,19 @@ def _read_stream(response, record: RequestRecord) -> None:
 
 
 def stream_completion(client: FastHttpSession, spec: RequestSpec, *, model: str, intended_send_time: float,
-                      timeout_s: float) -> tuple[RequestRecord, bool]:
-    """POST one streaming completion now and read it to the end: its record (statuses as in
-    loadgen.client.send_request) and whether the greenlet was killed meanwhile."""
+                      timeout_s: float, endpoint: str = "completions") -> tuple[RequestRecord, bool]:
+    """POST one streaming completion (``endpoint``: completions or chat) now and read it to the end: its
+    record (statuses as in loadgen.client.send_request) and whether the greenlet was killed meanwhile."""
     record = RequestRecord.unsent(spec, intended_send_time=intended_send_time, is_warmup=False)
     record.mark_sent(time.time())
     status, error, killed, response = "ok", None, False, None
+    path, body = request(spec, model, endpoint)
     deadline = gevent.Timeout(timeout_s)
     deadline.start()
     try:
         # catch_response without a with-block: Locust reports nothing for the request itself (its own
         # timing would end at the response headers); report() fires "E2E" for the whole stream
-        response = client.post(COMPLETIONS_PATH, data=completion_body(spec, model), headers=HEADERS,
+        response = client.post(path, data=body, headers=HEADERS,
                                stream=True, catch_response=True)
         _read_stream(response, record)
     except gevent.Timeout as e:

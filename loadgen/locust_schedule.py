@@ -14,10 +14,12 @@ import numpy as np
 import yaml
 
 from loadgen.config_check import CONF_DIR
-from loadgen.workload import RequestSpec, build_workload
+from loadgen.workload import RequestSpec, build_workload, is_text_workload
 
 BLOCK = 256  # generated schedules are built this many requests at a time
-WORKLOADS = sorted(p.stem for p in (CONF_DIR / "workload").glob("*.yaml"))
+# the workloads of token ids (text workloads reach Locust through --specs-file)
+WORKLOADS = sorted(p.stem for p in (CONF_DIR / "workload").glob("*.yaml")
+                   if not is_text_workload(yaml.safe_load(p.read_text())["lengths"]))
 
 
 def parse_numbers(text: str, option: str) -> list[float]:

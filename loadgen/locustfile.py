@@ -76,6 +76,8 @@ def _add_options(parser: LocustArgumentParser) -> None:
         "dropped (0: no cap)")
     add("--wait", type=float, default=0.0, help="LLMUser: seconds between a response and the next request")
     add("--request-timeout", type=float, default=600.0, help="seconds for a whole streamed request")
+    add("--endpoint", choices=("completions", "chat"), default="completions",
+        help="/v1/completions or /v1/chat/completions (chat needs text: a text --workload or --specs-file)")
     add("--model", default="", help='the "model" field of each request (empty: left out)')
     add("--vocab-size", type=int, default=2048, help="prompt token ids are drawn below this")
     add("--step-users", default="", help="StepShape: comma-separated user counts, one per step")
@@ -113,7 +115,8 @@ class ProcessRun:
 
     def send(self, client: FastHttpSession, spec: RequestSpec, intended_send_time: float) -> None:
         record, killed = stream_completion(client, spec, model=self.opts.model,
-                                           intended_send_time=intended_send_time, timeout_s=self.opts.request_timeout)
+                                           intended_send_time=intended_send_time, timeout_s=self.opts.request_timeout,
+                                           endpoint=self.opts.endpoint)
         report(self.environment, record)
         self.record(record)
         if killed:

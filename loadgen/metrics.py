@@ -1,7 +1,8 @@
 """Per-request metrics and the run summary, with vLLM benchmark key names.
 
-The one definition of every latency, used by the run summary here and by analysis/ alike: latencies
-count from the intended send time (the open-loop schedule), and a request's end-to-end latency runs to
+The one definition of every latency, used by the run summary here and by analysis/ alike: ``ttft`` and
+``e2el`` count from the intended send time (the open-loop schedule), ``ttft_from_send`` and
+``e2el_from_send`` from the actual send (vLLM's definitions); a request's end-to-end latency runs to
 its ``finish_time``, when its response ended (as vLLM's e2el does), not to its last token.
 
 Input is a DataFrame with the requests.parquet columns (loadgen.records.RequestRecord). Warm-up rows
@@ -14,8 +15,10 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
-LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "normalized_latency",
-                   "scheduling_delay")
+LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "e2el_from_send",
+                   "normalized_latency", "scheduling_delay")
+# vLLM's --goodput SLOs (ms) -> the per-request metric each bounds (vLLM's definitions: from the send)
+GOODPUT_METRICS = {"ttft": "ttft_from_send_ms", "tpot": "tpot_ms", "e2el": "e2el_from_send_ms"}
 TIME_COLUMNS = ("intended_send_time", "send_time", "first_token_time", "finish_time",
                 "server_arrival_time", "server_first_scheduled_time")
 MAX_SCHEDULE_LAG_P99_MS = 10.0
@@ -33,7 +36,7 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
 
     ``tbt_ms`` holds each request's gaps between consecutive tokens (an array); the scalar columns
     are ttft_ms (first token - intended send), ttft_from_send_ms (first token - actual send),
-    e2el_ms (finish - intended send), tpot_ms ((e2el - ttft) / (output_tokens - 1), only for > 1
+    e2el_ms (finish - intended send), e2el_from_send_ms (finish - actual send), tpot_ms ((e2el - ttft) / (output_tokens - 1), only for > 1
     output token), normalized_latency_ms (e2el / output_tokens), scheduling_delay_ms (server first
     scheduled - server arrival), max_tbt_ms and schedule_lag_ms (actual - intended send; defined
     for failed requests too).
@@ -47,6 +50,7 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     df["ttft_ms"] = ((df["first_token_time"] - df["intended_send_time"]) * 1e3).where(ok)
     df["ttft_from_send_ms"] = ((df["first_token_time"] - df["send_time"]) * 1e3).where(ok)
     df["e2el_ms"] = ((df["finish_time"] - df["intended_send_time"]) * 1e3).where(ok)
+    df["e2el_from_send_ms"] = ((df["finish_time"] - df["send_time"]) * 1e3).where(ok)
     df["tpot_ms"] = ((df["e2el_ms"] - df["ttft_ms"]) / (out - 1)).where(out > 1)
     df["normalized_latency_ms"] = (df["e2el_ms"] / out).where(out > 0)
     df["scheduling_delay_ms"] = ((df["server_first_scheduled_time"] - df["server_arrival_time"])
@@ -82,14 +86,30 @@ def _per_second(count: float, duration: float | None) -> float | None:
     return float(count / duration) if duration else None
 
 
+def parse_goodput(spec: str | None) -> dict[str, float]:
+    """vLLM's goodput SLOs, ``"ttft:500 tpot:50 e2el:2000"`` (ms; any of the three) -> a dict."""
+    slos = {}
+    for item in (spec or "").replace(",", " ").split():
+        name, _, value = item.partition(":")
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise ValueError(f"slo.goodput must be KEY:MS items, got {item!r}") from None
+        if name not in GOODPUT_METRICS or slos[name] <= 0:
+            raise ValueError(f"slo.goodput keys are {sorted(GOODPUT_METRICS)} with values > 0, got {item!r}")
+    return slos
+
+
 def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_ms: float | None = None,
-              slo_e2e_ms: float | None = None) -> dict:
+              slo_e2e_ms: float | None = None, goodput: str | None = None) -> dict:
     """The run summary: counts, throughput, goodput, latency statistics and validity flags.
 
     duration = last finish - first intended send (all non-warm-up rows). A request is good when it
     is ok and meets every given SLO: ttft <= slo_ttft_ms, e2el <= slo_e2e_ms and every one of its
-    token gaps <= slo_tbt_ms. Offered / achieved rates are (n - 1) / span of the intended / actual
-    send times, so a constant-rate schedule reports exactly its qps.
+    token gaps <= slo_tbt_ms. ``request_goodput_vllm`` counts the ok requests that meet every SLO of
+    ``goodput`` (vLLM's ``--goodput``, see parse_goodput) with vLLM's definitions (from the actual
+    send; a 1-token request meets any tpot). Offered / achieved rates are (n - 1) / span of the
+    intended / actual send times, so a constant-rate schedule reports exactly its qps.
     """
     df = per_request_metrics(requests)
     ok = df["status"] == "ok"
@@ -107,9 +127,15 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
     if slo_tbt_ms is not None:
         good &= df["max_tbt_ms"].fillna(0.0) <= slo_tbt_ms  # a 1-token request has no gaps
 
+    vllm_slos = parse_goodput(goodput)
+    vllm_good = ok.copy()
+    for name, bound in vllm_slos.items():
+        vllm_good &= df[GOODPUT_METRICS[name]].fillna(0.0) <= bound
+
     tbt = np.concatenate([np.empty(0), *done["tbt_ms"]])
     per_metric = {"ttft": done["ttft_ms"], "ttft_from_send": done["ttft_from_send_ms"],
                   "tpot": done["tpot_ms"], "itl": tbt, "tbt": tbt, "e2el": done["e2el_ms"],
+                  "e2el_from_send": done["e2el_from_send_ms"],
                   "normalized_latency": done["normalized_latency_ms"],
                   "scheduling_delay": done["scheduling_delay_ms"]}
 
@@ -129,6 +155,7 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
         "output_throughput": _per_second(total_out, duration),
         "total_token_throughput": _per_second(total_in + total_out, duration),
         "request_goodput": _per_second(int(good.sum()), duration),
+        "request_goodput_vllm": _per_second(int(vllm_good.sum()), duration) if vllm_slos else None,
     }
     for name in LATENCY_METRICS:
         summary.update(_stats(name, per_metric[name]))
@@ -142,5 +169,6 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
         "slo_tbt_ms": slo_tbt_ms,
         "slo_ttft_ms": slo_ttft_ms,
         "slo_e2e_ms": slo_e2e_ms,
+        "slo_goodput": " ".join(f"{k}:{v:g}" for k, v in vllm_slos.items()) or None,
     })
     return summary

@@ -21,24 +21,28 @@ class RunPlan:
     exp_dir: Path
     run_id: str
     digest: str  # hash of the measured settings other than the swept knobs in the run id
-    params: dict  # run parameters, the first keys of summary.json
+    params: dict  # run parameters, the first keys of summary.json (point_id: the same for every seed)
 
     @property
     def run_dir(self) -> Path:
         return self.exp_dir / self.run_id
 
 
-def plan_run(cfg: DictConfig, capacity_slo: str | None = None) -> RunPlan:
+def plan_run(cfg: DictConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
-    (not the SLO, which only changes the summary, except for the points of a capacity search)."""
+    (not the SLO, which only changes the summary, except for the points of a capacity search).
+    ``rerun``: the second measurement of a disturbed point, a run of its own (``rerun=1`` in the id)."""
     measured = {key: section(cfg, key) for key in MEASURED_SECTIONS}
     measured["arrival"].pop("qps", None)  # in the id itself
     measured["chunk_size"] = chunk_size(cfg)
     settings_digest = digest(measured)
     point = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), "qps": float(cfg.qps)}
-    params = {**point, "model": cfg.model.name, "target": cfg.target.kind, "workload": cfg.workload.name,
+    point_id = make_run_id({**point, "cfg": digest({k: v for k, v in measured.items() if k != "seed"})})
+    params = {**point, "point_id": point_id, "model": cfg.model.name, "target": cfg.target.kind, "workload": cfg.workload.name,
               "arrival": cfg.arrival.kind, "seed": int(cfg.seed), "num_requests": int(cfg.num_requests)}
     if capacity_slo is not None:
         point["slo"] = params["capacity_search"] = capacity_slo
+    if rerun:
+        point["rerun"] = params["rerun"] = 1
     return RunPlan(Path(cfg.results_dir) / cfg.experiment_name, make_run_id({**point, "cfg": settings_digest}),
                    settings_digest, params)

@@ -8,7 +8,8 @@ import json
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from loadgen.bench_config import section
+from loadgen.bench_config import section, workload_tokenizer
+from loadgen.cpu_share import CpuMonitor
 from loadgen.live_target import LiveTarget
 from loadgen.metrics import summarize
 from loadgen.plan import RunPlan, plan_run
@@ -25,12 +26,26 @@ def _report(status: str, plan: RunPlan, s: dict) -> None:
     print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
           f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}), "
           f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
-          + (" [client fell behind]" if s["client_fell_behind"] else ""), flush=True)
+          + (" [client fell behind]" if s["client_fell_behind"] else "")
+          + (f" [disturbed: engine got {s['engine_cpu_share']:.0%} of its CPU]" if s.get("disturbed") else ""),
+          flush=True)
 
 
-def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None) -> dict:
-    """Measure one point (or read it back when complete); return its summary."""
-    plan = plan_run(cfg, capacity_slo)
+def repeat_configs(cfg: DictConfig) -> list[DictConfig]:
+    """One config per repeat of a point (``repeats``): seeds seed, seed + 1, ... (the repeats of a
+    point share its ``point_id``)."""
+    configs = []
+    for repeat in range(cfg.repeats):
+        repeat_cfg = cfg.copy()
+        repeat_cfg.seed = int(cfg.seed) + repeat
+        configs.append(repeat_cfg)
+    return configs
+
+
+def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False) -> dict:
+    """Measure one point (or read it back when complete); return its summary. ``rerun``: measure it
+    again as a run of its own (loadgen.plan.plan_run)."""
+    plan = plan_run(cfg, capacity_slo, rerun)
     if is_complete(plan.run_dir):
         summary = json.loads((plan.run_dir / "summary.json").read_text())
         _report("cached", plan, summary)
@@ -38,14 +53,17 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
     slo = resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
     specs = build_workload(section(cfg, "arrival"), section(cfg.workload, "lengths"), cfg.num_requests,
-                           cfg.seed, target.vocab_size, cfg.workload.max_total_tokens)
-    with tqdm(total=len(specs), desc=plan.run_id[:60], unit="req", leave=False, disable=None) as bar:
+                           cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
+                           tokenizer=workload_tokenizer(cfg))
+    with (CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share) as cpu,
+          tqdm(total=len(specs), desc=plan.run_id[:60], unit="req", leave=False, disable=None) as bar):
         replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
     if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
         raise KeyboardInterrupt(f"{plan.run_id} was interrupted; nothing recorded")
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
-                           slo_ttft_ms=cfg.slo.ttft_ms)}
+                           slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
+               **(cpu.report.as_summary() if cpu.report else {"disturbed": None})}
     run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
                         requests=replay.records, summary=summary, batches=replay.batches)
     target.finalize(run_dir)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.hydra_groups import is_int, is_number, require
+from loadgen.text_workloads import TEXT_WORKLOADS, Tokenizer, take
 
 TRACES_DIR = Path(__file__).parent / "traces"
 
@@ -28,7 +29,8 @@ class RequestSpec:
     send_offset_s: float  # seconds from the run start
     prompt_token_ids: list[int]
     max_tokens: int
-    prompt: str | None = None  # optional text form, for targets that take text
+    prompt: str | None = None  # text form (text workloads): HTTP targets send it instead of the ids
+    messages: list[dict] | None = None  # chat messages (text workloads); prompt_token_ids is their rendering
 
 
 def _positive(key: str, value: object) -> None:
@@ -169,13 +171,16 @@ def clip_lengths(prompt: np.ndarray, output: np.ndarray, max_total_tokens: int) 
 # ----------------------------------------------------------------------------- builder
 
 
-def _call(table: dict[str, Callable], section: str, config: dict, rng: np.random.Generator, n: int):
+def _call(table: dict[str, Callable], section: str, config: dict, rng: np.random.Generator,
+          n_or_tokenizer: int | Tokenizer):
+    """``table[kind](rng, n_or_tokenizer, **settings)``, each setting checked against the function's
+    signature."""
     params = dict(config)
     kind = params.pop("kind", None)
     if kind not in table:
         raise ValueError(f"{section}.kind must be one of {sorted(table)}, got {kind!r}")
     fn = table[kind]
-    settings = list(inspect.signature(fn).parameters.values())[2:]  # after (rng, n)
+    settings = list(inspect.signature(fn).parameters.values())[2:]  # after (rng, n) or (rng, tokenizer)
     names = [p.name for p in settings]
     for key in params:
         if key not in names:
@@ -183,21 +188,40 @@ def _call(table: dict[str, Callable], section: str, config: dict, rng: np.random
     for p in settings:
         if p.default is inspect.Parameter.empty and p.name not in params:
             raise ValueError(f"{section}.{p.name} is required for kind {kind!r}")
-    return fn(rng, n, **params)
+    return fn(rng, n_or_tokenizer, **params)
+
+
+def is_text_workload(lengths: dict) -> bool:
+    return lengths.get("kind") in TEXT_WORKLOADS
+
+
+def _text_specs(lengths: dict, offsets: np.ndarray, rng: np.random.Generator, tokenizer: Tokenizer | None,
+                max_total_tokens: int | None) -> list[RequestSpec]:
+    require(tokenizer is not None, "tokenizer", "given for a text workload", None)
+    requests = take(_call(TEXT_WORKLOADS, "lengths", lengths, rng, tokenizer), len(offsets), max_total_tokens)
+    return [RequestSpec(request_id=f"req-{i:06d}", send_offset_s=float(offsets[i]),
+                        prompt_token_ids=list(r.prompt_token_ids), max_tokens=r.max_tokens, prompt=r.prompt,
+                        messages=r.messages)
+            for i, r in enumerate(requests)]
 
 
 def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, vocab_size: int,
-                   max_total_tokens: int | None = None, low_token_id: int = 10) -> list[RequestSpec]:
+                   max_total_tokens: int | None = None, low_token_id: int = 10,
+                   tokenizer: Tokenizer | None = None) -> list[RequestSpec]:
     """Requests with send offsets from ``arrival``, lengths from ``lengths`` (clipped to
     ``max_total_tokens`` when given) and random prompt token ids in [low_token_id, vocab_size).
 
-    Raises ValueError naming the offending key for any bad setting.
+    A text workload (loadgen.text_workloads) gives the prompts instead, tokenized with ``tokenizer``;
+    requests over ``max_total_tokens`` are skipped, not clipped. Raises ValueError naming the
+    offending key for any bad setting.
     """
     require(num_requests >= 1, "num_requests", ">= 1", num_requests)
     require(vocab_size > low_token_id, "vocab_size", f"> low_token_id ({low_token_id})", vocab_size)
     arrival_rng, length_rng, token_rng = (np.random.default_rng(s)
                                           for s in np.random.SeedSequence(seed).spawn(3))
     offsets = _call(ARRIVALS, "arrival", arrival, arrival_rng, num_requests)
+    if is_text_workload(lengths):
+        return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
     prompt_lens, output_lens = _call(LENGTHS, "lengths", lengths, length_rng, num_requests)
     if max_total_tokens is not None:
         prompt_lens, output_lens = clip_lengths(prompt_lens, output_lens, max_total_tokens)

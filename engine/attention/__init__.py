@@ -11,11 +11,12 @@ from engine.attention.cpu_paged import CPUPagedAttention, cpu_paged_available
 from engine.attention.flash_attn import FlashAttention, flash_attn_available
 from engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
 from engine.attention.sdpa import SDPAAttention
+from engine.attention.triton_unified import TritonAttention, triton_available
 
 __all__ = ["AttentionMetadata", "CPUPagedAttention", "FlashAttention", "PrefillSeq", "SDPAAttention",
-           "bottom_right_causal_mask", "make_attention_backend"]
+           "TritonAttention", "bottom_right_causal_mask", "make_attention_backend"]
 
-ATTENTION_BACKENDS = ("auto", "sdpa", "cpu_paged", "flash_attn")
+ATTENTION_BACKENDS = ("auto", "sdpa", "cpu_paged", "flash_attn", "triton")
 
 
 def make_attention_backend(name: str, device: torch.device, dtype: torch.dtype, *, num_heads: int,
@@ -24,6 +25,8 @@ def make_attention_backend(name: str, device: torch.device, dtype: torch.dtype, 
     if name == "auto":  # the fastest backend that runs here
         if flash_attn_available(device, dtype):
             name = "flash_attn"
+        elif device.type == "cuda" and triton_available(device):
+            name = "triton"
         elif cpu_paged_available(device, dtype, head_dim):
             name = "cpu_paged"
         else:
@@ -39,4 +42,9 @@ def make_attention_backend(name: str, device: torch.device, dtype: torch.dtype, 
             raise ValueError(f"model.attention_backend='flash_attn' runs on CUDA in fp16/bf16, not {device.type} "
                              f"{dtype}; use 'sdpa'")
         return FlashAttention(**dims)
+    if name == "triton":
+        if not triton_available(device):
+            raise ValueError(f"model.attention_backend='triton' needs the triton package and a CUDA device (on CPU "
+                             f"only under TRITON_INTERPRET=1, for tests), not {device.type}; use 'sdpa'")
+        return TritonAttention(**dims, dtype=dtype)
     raise ValueError(f"unknown model.attention_backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")

@@ -24,6 +24,13 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None  # [num_decodes] int64: cached tokens including the new one
     prefills: list[PrefillSeq]
     per_batch: dict = field(default_factory=dict)  # what a backend derives once and reuses in every layer
+    # The same batch as one list of sequences (decodes first, then prefill chunks), for backends that
+    # attend over all of them in one launch (triton). Filled by the ModelRunner.
+    query_start_loc: torch.Tensor | None = None  # [num_seqs + 1] int64: offset of each sequence's queries
+    seq_lens: torch.Tensor | None = None  # [num_seqs] int64: cached tokens including this step's
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int64, padded with block 0
+    max_query_len: int = 0
+    max_seq_len: int = 0
 
 
 def bottom_right_causal_mask(num_queries: int, num_keys: int, device) -> torch.Tensor:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass
@@ -32,7 +33,13 @@ class ArchConfig:
         config_file = path / "config.json"
         if not config_file.is_file():
             raise ValueError(f"{path} is not an HF checkpoint directory: config.json is missing")
-        return cls.from_dict(json.loads(config_file.read_text()), source=str(config_file))
+        try:
+            cfg = json.loads(config_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{config_file}: not valid JSON ({exc})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{config_file}: expected a JSON object, got {type(cfg).__name__}")
+        return cls.from_dict(cfg, source=str(config_file))
 
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config") -> ArchConfig:
@@ -49,6 +56,10 @@ class ArchConfig:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "linear", "llama3"):
             raise ValueError(f"{source}: unsupported rope scaling type {rope_type!r}")
+        for key in REQUIRED_SIZES:
+            value = cfg.get(key)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{source}: {key} must be an integer >= 1, got {value!r}")
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "MistralForCausalLM") else None

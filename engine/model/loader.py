@@ -19,17 +19,24 @@ FUSED_PARTS = {
 }
 
 
-def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+def weight_files(path: Path) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path}: no *.safetensors weights found")
+    return files
+
+
+def read_checkpoint(files: list[Path]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        tensors.update(load_file(str(f)))
+        try:
+            tensors.update(load_file(str(f)))
+        except Exception as exc:  # SafetensorError, OSError, ...: none of them names the file
+            raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
     return tensors
 
 
-def to_engine_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_engine_names(tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     fused: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in tensors.items():
@@ -41,22 +48,38 @@ def to_engine_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
         else:
             out[name] = tensor
     for name, parts in fused.items():
+        widths = {tuple(p.shape[1:]) for p in parts.values()}
+        if len(widths) > 1:
+            raise ValueError(f"{source}: the parts fused into {name} differ in shape: "
+                             f"{[list(parts[i].shape) for i in sorted(parts)]}")
         out[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
     return out
+
+
+def check_shapes(state: dict[str, torch.Tensor], model: LlamaForCausalLM) -> str | None:
+    """The first weight whose shape differs from what config.json implies, described; None if all match."""
+    for name, expected in model.state_dict().items():
+        if name in state and tuple(state[name].shape) != tuple(expected.shape):
+            return f"{name} has shape {list(state[name].shape)}, config.json implies {list(expected.shape)}"
+    return None
 
 
 def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
                device: torch.device) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_len)
-    state = to_engine_names(read_checkpoint(path))
+    files = weight_files(path)
+    weights = str(files[0]) if len(files) == 1 else f"{path}/*.safetensors"
+    state = to_engine_names(read_checkpoint(files), source=weights)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     if missing or unexpected:
-        raise ValueError(f"{path}: checkpoint does not match {cfg.architecture}: "
+        raise ValueError(f"{weights}: checkpoint does not match {cfg.architecture}: "
                          f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    if (mismatch := check_shapes(state, model)) is not None:
+        raise ValueError(f"{weights}: weights do not match {path / 'config.json'}: {mismatch}")
     model.load_state_dict(state, assign=True, strict=False)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -1,112 +1,130 @@
-"""The simulated runner's cost model: iteration seconds as a linear function of the batch, fitted on the
-real runner's BatchRecords (``profile_cost_model``), saved and loaded as JSON."""
+"""The simulated runner's cost model: iteration seconds as a linear function of what the iteration computes,
+fitted on the real runner's BatchRecords, saved and loaded as JSON with what it was fitted on.
+
+Features (``IterationFeatures``): a fixed per-iteration cost, prefill tokens, decode sequences, and the
+attention work: for each prefill chunk its tokens x the context they attend to, and for the decodes the
+sum of their context lengths. The fit weights each iteration by 1 / its time (it minimizes relative
+error, so short decode iterations count as much as long prefills), keeps no negative per-unit cost, and
+records its error on held-out iterations. ``residual_quantiles`` (actual / predicted over the profile)
+let the simulator replay the real iterations' spread, whose tail decides TBT percentiles and SLOs.
+"""
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
-from engine.config import EngineConfig
-from engine.model.presets import cache_root
 from engine.outputs import BatchRecord
-from engine.request import SamplingParams
 
-FEATURES = ("intercept", "num_prefill_tokens", "num_decode_tokens", "num_kv_blocks_used")
-COST_MODEL_VERSION = 1  # part of the profile cache key: bump when the features or the fit change
+COST_MODEL_VERSION = 2  # bump when the features or the fit change: cached profiles are then refitted
+NUM_RESIDUAL_QUANTILES = 41
+HOLDOUT_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class IterationFeatures:
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    prefill_attention_work: int  # sum over prefill chunks of chunk tokens x (cached context + chunk tokens)
+    decode_context_tokens: int  # sum over decodes of their context length (including the new token)
+
+    @classmethod
+    def of(cls, record) -> IterationFeatures:
+        """From anything with these four attributes: a BatchRecord or a SchedulerOutput."""
+        return cls(**{f.name: getattr(record, f.name) for f in fields(cls)})
+
+    def row(self) -> list[float]:
+        return [1.0, *(float(getattr(self, f.name)) for f in fields(self))]
+
+
+FEATURES = ("intercept", *(f.name for f in fields(IterationFeatures)))
 
 
 @dataclass
 class CostModel:
-    """Iteration seconds = a linear function of the batch's prefill tokens, decode tokens and the KV
-    blocks in use (a proxy for the attention context the iteration reads)."""
+    coefficients: dict[str, float]  # seconds per unit of each feature (intercept: seconds per iteration)
+    # actual / predicted iteration time over the profile, at evenly spaced quantiles (1.0 each: no spread)
+    residual_quantiles: list[float] = field(default_factory=lambda: [1.0])
+    fitted_on: dict = field(default_factory=dict)  # model, device, dtype, backend, threads, records, date, ...
+    holdout_error: dict = field(default_factory=dict)  # relative error on iterations left out of the fit
 
-    intercept: float
-    num_prefill_tokens: float
-    num_decode_tokens: float
-    num_kv_blocks_used: float
+    def predict(self, features: IterationFeatures) -> float:
+        """The expected time of one iteration, in seconds."""
+        return max(0.0, sum(c * x for c, x in zip(self._coefficient_row(), features.row(), strict=True)))
 
-    def predict(self, num_prefill_tokens: int, num_decode_tokens: int, num_kv_blocks_used: int) -> float:
-        return max(0.0, self.intercept + self.num_prefill_tokens * num_prefill_tokens
-                   + self.num_decode_tokens * num_decode_tokens + self.num_kv_blocks_used * num_kv_blocks_used)
+    def sample(self, features: IterationFeatures, rng: random.Random) -> float:
+        """One iteration's time: the expected time scaled by a residual drawn from the profile."""
+        return self.predict(features) * rng.choice(self.residual_quantiles)
+
+    def _coefficient_row(self) -> list[float]:
+        return [self.coefficients.get(name, 0.0) for name in FEATURES]
 
     @classmethod
-    def fit(cls, records: list[BatchRecord]) -> CostModel:
-        """Least squares over the iterations' durations, with no negative per-unit cost: a feature whose
-        coefficient comes out negative (noise, on a model whose iterations are all overhead) is dropped
-        and the rest refitted."""
-        if len(records) < len(FEATURES):
-            raise ValueError(f"fitting a cost model needs at least {len(FEATURES)} BatchRecords, got {len(records)}")
-        x = torch.tensor([[1.0, r.num_prefill_tokens, r.num_decode_tokens, r.num_kv_blocks_used] for r in records],
-                         dtype=torch.float64)
-        y = torch.tensor([[r.end_time - r.start_time] for r in records], dtype=torch.float64)
-        active = list(range(len(FEATURES)))
-        while True:
-            coef = torch.linalg.lstsq(x[:, active], y, driver="gelsd").solution.flatten()
-            worst = int(coef[1:].argmin()) + 1 if len(active) > 1 else 0
-            if worst == 0 or coef[worst] >= 0:
-                break
-            del active[worst]
-        values = dict.fromkeys(FEATURES, 0.0) | {FEATURES[i]: float(c) for i, c in zip(active, coef, strict=True)}
-        return cls(**values)
+    def fit(cls, records: list[BatchRecord], *, seed: int = 0, fitted_on: dict | None = None) -> CostModel:
+        """Fit on ``records``; the held-out error comes from a fit on the other records (a seeded split)."""
+        if len(records) < 2 * len(FEATURES):
+            raise ValueError(f"fitting a cost model needs at least {2 * len(FEATURES)} BatchRecords, "
+                             f"got {len(records)}")
+        shuffled = random.Random(seed).sample(records, len(records))
+        num_holdout = max(1, int(len(records) * HOLDOUT_FRACTION))
+        holdout, train = shuffled[:num_holdout], shuffled[num_holdout:]
+        held_out_errors = _relative_errors(_least_squares(train), holdout)
+        coefficients = _least_squares(records)
+        ratios = torch.tensor([_seconds(r) / p for r in records
+                               if (p := _predict(coefficients, r)) > 0], dtype=torch.float64)
+        levels = torch.linspace(0, 1, NUM_RESIDUAL_QUANTILES, dtype=torch.float64)
+        return cls(coefficients=coefficients,
+                   residual_quantiles=[round(float(q), 4) for q in torch.quantile(ratios, levels)],
+                   fitted_on={**(fitted_on or {}), "num_records": len(records), "version": COST_MODEL_VERSION},
+                   holdout_error={"num_iterations": len(holdout),
+                                  "median_abs_pct": round(float(held_out_errors.abs().median()) * 100, 2),
+                                  "p90_abs_pct": round(float(held_out_errors.abs().quantile(0.9)) * 100, 2),
+                                  "mean_pct": round(float(held_out_errors.mean()) * 100, 2)})
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
         try:
-            return cls(**json.loads(Path(path).read_text()))
+            model = cls(**json.loads(Path(path).read_text()))
         except (OSError, ValueError, TypeError) as exc:
             raise ValueError(f"model.cost_model: cannot read a cost model from {path}: {exc}") from exc
+        unknown = set(model.coefficients) - set(FEATURES)
+        if unknown or not model.residual_quantiles:
+            raise ValueError(f"model.cost_model: {path} is not a version-{COST_MODEL_VERSION} cost model "
+                             f"(unknown features {sorted(unknown)}); profile it again with stallfree-profile")
+        return model
 
 
-class ProfiledEngine(Protocol):
-    """What profiling needs of an engine (LLMEngine; passed in, since the engine is built on runners)."""
-
-    max_model_len: int
-    vocab_size: int
-    batch_records: list[BatchRecord]
-
-    def add_request(self, prompt: list[int], params: SamplingParams) -> str: ...
-
-    def step(self) -> list: ...
-
-    def has_unfinished(self) -> bool: ...
+def _seconds(record: BatchRecord) -> float:
+    return record.end_time - record.start_time
 
 
-def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig], ProfiledEngine],
-                       num_requests: int = 12, seed: int = 0) -> CostModel:
-    """Fit a cost model on the real runner of ``config``'s model: prompts of varied lengths, run under
-    ``vllm`` (prefill-only and decode-only iterations) and ``sarathi`` (hybrid ones) on engines from
-    ``make_engine``. Cached as JSON in the preset cache folder, keyed by everything that changes
-    iteration times."""
-    mc, cc = config.model, config.cache
-    key = [COST_MODEL_VERSION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
-           torch.get_num_threads(), seed]
-    path = cache_root() / "cost_models" / (hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16] + ".json")
-    if path.is_file():
-        return CostModel.load(path)
-    rng = random.Random(seed)
-    records: list[BatchRecord] = []
-    for policy in ("vllm", "sarathi"):
-        real = replace(config, model=replace(mc, runner="model"),
-                       scheduler=replace(config.scheduler, policy=policy, chunk_size=128))
-        engine = make_engine(real)
-        limit = min(1024, engine.max_model_len // 2)
-        vocab = engine.vocab_size
-        for _ in range(num_requests):
-            prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(16, limit))]
-            engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(8, 48), ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-        records += engine.batch_records[2:]  # the first iterations carry one-off warm-up costs
-    model = CostModel.fit(records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model.save(path)
-    return model
+def _predict(coefficients: dict[str, float], record: BatchRecord) -> float:
+    row = IterationFeatures.of(record).row()
+    return sum(coefficients[name] * x for name, x in zip(FEATURES, row, strict=True))
+
+
+def _relative_errors(coefficients: dict[str, float], records: list[BatchRecord]) -> torch.Tensor:
+    return torch.tensor([_predict(coefficients, r) / _seconds(r) - 1 for r in records], dtype=torch.float64)
+
+
+def _least_squares(records: list[BatchRecord]) -> dict[str, float]:
+    """Least squares of relative error with no negative per-unit cost: a feature whose coefficient comes out
+    negative (noise, on a model whose iterations are mostly overhead) is dropped and the rest refitted."""
+    x = torch.tensor([IterationFeatures.of(r).row() for r in records], dtype=torch.float64)
+    y = torch.tensor([[_seconds(r)] for r in records], dtype=torch.float64)
+    weights = 1.0 / y.clamp_min(1e-6)
+    active = list(range(len(FEATURES)))
+    while True:
+        coef = torch.linalg.lstsq(x[:, active] * weights, y * weights, driver="gelsd").solution.flatten()
+        worst = int(coef[1:].argmin()) + 1 if len(active) > 1 else 0
+        if worst == 0 or coef[worst] >= 0:
+            break
+        del active[worst]
+    return dict.fromkeys(FEATURES, 0.0) | {FEATURES[i]: float(c) for i, c in zip(active, coef, strict=True)}

@@ -12,8 +12,9 @@ from engine.model.arch import ArchConfig
 from engine.model.loader import load_model
 from engine.runner.base import Runner
 from engine.runner.clock import Clock, VirtualClock, WallClock
-from engine.runner.cost_model import CostModel, ProfiledEngine, profile_cost_model
+from engine.runner.cost_model import CostModel
 from engine.runner.model_runner import ModelRunner
+from engine.runner.profile import ProfiledEngine, profile_cost_model
 from engine.runner.simulated import SimulatedRunner
 
 RUNNERS = ("model", "simulated")
@@ -30,7 +31,10 @@ def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model
         attn = make_attention_backend(mc.attention_backend, device, dtype, num_heads=arch.num_heads,
                                       num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
                                       scale=arch.head_dim ** -0.5)
-        return ModelRunner(model, attn, num_blocks, config.cache.block_size, dtype, device, mc.seed), WallClock()
+        runner = ModelRunner(model, attn, num_blocks, config.cache.block_size, dtype, device, mc.seed,
+                             cuda_graphs=mc.cuda_graphs, max_num_seqs=config.scheduler.max_num_seqs,
+                             max_model_len=max_model_len)
+        return runner, WallClock()
     if mc.runner == "simulated":
         if mc.clock not in CLOCKS:
             raise ValueError(f"unknown model.clock {mc.clock!r}; choose {' or '.join(CLOCKS)}")

@@ -11,7 +11,7 @@ import random
 import time
 
 from engine.runner.clock import VirtualClock
-from engine.runner.cost_model import CostModel
+from engine.runner.cost_model import CostModel, IterationFeatures
 from engine.scheduler.output import SchedulerOutput
 
 
@@ -25,7 +25,7 @@ class SimulatedRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
         out = scheduler_output
-        seconds = self.cost_model.predict(out.num_prefill_tokens, out.num_decode_tokens, out.num_kv_blocks_used)
+        seconds = self.cost_model.sample(IterationFeatures.of(out), self.rng)
         if self.clock is None:
             time.sleep(seconds)
         else:

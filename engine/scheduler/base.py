@@ -86,7 +86,7 @@ class Scheduler(ABC):
             if unit.request.metrics.first_scheduled_time is None:
                 unit.request.metrics.first_scheduled_time = now
         finished, self.finished_request_ids = self.finished_request_ids, []
-        return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished, self.kv.num_used_blocks)
+        return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished)
 
     def _snapshot(self, unit: PlannedUnit) -> ScheduledUnit:
         request, start, n = unit.request, unit.request.num_computed_tokens, unit.num_new_tokens

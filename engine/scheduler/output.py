@@ -39,8 +39,6 @@ class SchedulerOutput:
     preempted_request_ids: list[str] = field(default_factory=list)
     # Requests that finished or were aborted since the last step: runners drop per-request state.
     finished_request_ids: list[str] = field(default_factory=list)
-    # KV blocks in use once this step's blocks are allocated (the simulator's proxy for attention work).
-    num_kv_blocks_used: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -57,3 +55,13 @@ class SchedulerOutput:
     @property
     def num_decode_seqs(self) -> int:
         return sum(not u.is_prefill for u in self.units)
+
+    @property
+    def prefill_attention_work(self) -> int:
+        """Query-key pairs of the prefill chunks: chunk tokens x the context they attend to (cache + chunk)."""
+        return sum(u.num_new_tokens * (u.num_computed_tokens + u.num_new_tokens) for u in self.units if u.is_prefill)
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """Keys the decodes read: the sum of their context lengths (including the new token)."""
+        return sum(u.num_computed_tokens + 1 for u in self.units if not u.is_prefill)

@@ -5,17 +5,19 @@ import copy
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from engine import LLMEngine, SamplingParams
 from engine.hydra_groups import is_int, is_number, require
 from engine.server.generate import Generation
+from engine.server.history import BatchHistory
 from engine.server.http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
 from engine.server.loop import EngineLoop
 from engine.server.metrics import ServerMetrics
@@ -27,6 +29,7 @@ from engine.server.protocol import (
     ChatMessage,
     CompletionRequest,
     TokenizeRequest,
+    check_unicode,
     validation_error,
 )
 
@@ -43,16 +46,23 @@ class ServerConfig:
     served_model_name: str | None = None  # default: the engine's model name
     timeout_graceful_shutdown: float = 5.0  # then in-flight streams are cancelled (and aborted)
     log_level: str = "warning"
+    body_read_timeout_s: float = 30.0  # a body not complete this long after its request arrived: 408
+    header_read_timeout_s: float = 10.0  # request line + headers must arrive within this of the first byte
+    timeout_keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    batch_history_max_records: int = 50_000  # BatchRecords kept for GET /stallfree/batches (~700 B RSS each)
+    batch_history_max_age_s: float = 900.0  # ... and none that started longer than this before the newest
 
     def validate(self) -> None:
         require(isinstance(self.host, str) and bool(self.host), "host", "a non-empty string", self.host)
         require(is_int(self.port) and 0 <= self.port <= 65535, "port", "in [0, 65535]", self.port)
         require(self.api_key is None or (isinstance(self.api_key, str) and bool(self.api_key)), "api_key",
                 "a non-empty string or null", self.api_key)
-        for key in ("max_waiting", "max_body_bytes"):
+        for key in ("max_waiting", "max_body_bytes", "batch_history_max_records"):
             require(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
         require(is_number(self.timeout_graceful_shutdown) and self.timeout_graceful_shutdown >= 0,
                 "timeout_graceful_shutdown", ">= 0", self.timeout_graceful_shutdown)
+        for key in ("body_read_timeout_s", "header_read_timeout_s", "timeout_keep_alive_s", "batch_history_max_age_s"):
+            require(is_number(getattr(self, key)) and getattr(self, key) > 0, key, "a number > 0", getattr(self, key))
         require(self.log_level in LOG_LEVELS, "log_level", f"one of {'|'.join(LOG_LEVELS)}", self.log_level)
 
 
@@ -60,7 +70,8 @@ class ServerConfig:
 class ServerState:
     cfg: ServerConfig
     engine_loop: EngineLoop
-    tokenizer: object  # the event loop's own copy (the engine thread uses the engine's)
+    tokenizer: object | None  # the event loop's own copy (the engine thread uses the engine's); None: ids only
+    no_tokenizer_reason: str
     model_name: str
     max_model_len: int
     metrics: ServerMetrics
@@ -71,14 +82,25 @@ class ServerState:
             raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
+    def require_tokenizer(self, param: str) -> None:
+        if self.tokenizer is None:
+            raise APIError(400, f"{param}: text needs a tokenizer: {self.no_tokenizer_reason}", param=param,
+                           code="no_tokenizer")
+
     def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
-        ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if isinstance(prompt, str) \
-            else list(prompt)
+        if isinstance(prompt, str):
+            self.require_tokenizer("prompt")
+            ids = self.tokenizer.encode(check_unicode(prompt, "prompt"), add_special_tokens=add_special_tokens)
+        else:
+            ids = list(prompt)
         if not ids:
             raise APIError(400, "prompt is empty", param="prompt", code="empty_prompt")
         return ids
 
     def render_chat(self, messages: list[ChatMessage]) -> list[int]:
+        self.require_tokenizer("messages")
+        for i, m in enumerate(messages):
+            check_unicode(m.text(), f"messages[{i}].content")
         if not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, f"model {self.model_name!r} has no chat template", param="messages")
         try:
@@ -119,8 +141,9 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
     engine = LLMEngine.from_kwargs(**(engine_kwargs or {}))
     model_name = cfg.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
-    st = ServerState(cfg, EngineLoop(engine, metrics, cfg.max_waiting), copy.deepcopy(engine.tokenizer),
-                     model_name, engine.max_model_len, metrics, int(time.time()))
+    history = BatchHistory(cfg.batch_history_max_records, cfg.batch_history_max_age_s)
+    st = ServerState(cfg, EngineLoop(engine, metrics, cfg.max_waiting, history), copy.deepcopy(engine.tokenizer),
+                     engine.no_tokenizer_reason, model_name, engine.max_model_len, metrics, int(time.time()))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -152,6 +175,8 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
 
     async def generate(request: Request, body: CompletionRequest | ChatCompletionRequest,
                        prompts: list[list[int]], max_tokens: int | None) -> Response:
+        if body.stop:  # matched on the decoded text, which needs the tokenizer
+            st.require_tokenizer("stop")
         params = st.sampling_params(body, prompts, max_tokens)
         rid = request.state.request_id
         gen = await Generation.start(st.engine_loop, st.tokenizer, prompts, params, body.stop or [], rid,
@@ -199,14 +224,16 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
         return JSONResponse({"status": "ok"})
 
     @app.get("/stallfree/batches")
-    async def batches(since: float = 0.0) -> dict:
-        """The engine's BatchRecords (one per iteration) that started at or after ``since`` (epoch s)."""
-        return {"batches": [asdict(r) for r in st.engine_loop.batches_since(since)]}
+    async def batches(since: float = 0.0, limit: Annotated[int | None, Query(ge=1)] = None) -> Response:
+        """The retained BatchRecords (one per iteration) that started at or after ``since`` (epoch s), at
+        most ``limit`` of them; ``next_since`` is the ``since`` of the next page (null: none)."""
+        return StreamingResponse(history.page_json(since, limit), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
         return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(RequestContextMiddleware, metrics=metrics, known_paths={r.path for r in app.routes},
-                       api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes)
+                       api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+                       body_read_timeout_s=cfg.body_read_timeout_s)
     return app

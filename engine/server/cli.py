@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from engine.hydra_groups import CONF_DIR, engine_kwargs_from_groups, override, server_kwargs
+from engine.hydra_groups import compose, engine_kwargs_from_groups, one_line, override, require, server_kwargs
 from engine.server.app import ServerConfig, build_app
 from engine.server.launcher import uvicorn_server
 
@@ -22,7 +22,8 @@ Hydra overrides of conf/serve.yaml, e.g.
   stallfree-serve model=path model.path=/ckpt/llama scheduler=vllm api_key=secret
 Groups: model (tiny, small, path), scheduler (vllm, orca, faster_transformer, sarathi, chunked_prefill).
 Server keys: host, port (0: a free port), api_key, max_waiting, max_body_bytes, served_model_name,
-timeout_graceful_shutdown, log_level. Prints a "ready" line once it listens; SIGTERM stops it."""
+timeout_graceful_shutdown, log_level, body_read_timeout_s, header_read_timeout_s, timeout_keep_alive_s,
+batch_history_max_records, batch_history_max_age_s. Prints a "ready" line once it listens; SIGTERM stops it."""
 FLAGS = {"--api-key": "api_key", "--host": "host", "--port": "port"}
 
 
@@ -48,26 +49,13 @@ def _overrides(args: list[str]) -> list[str]:
 
 def _configs(args: list[str]) -> tuple[dict, ServerConfig]:
     """Compose conf/serve.yaml with the overrides: (engine kwargs, server config)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="stallfree-serve"):
-        cfg = OmegaConf.to_container(compose(config_name=CONFIG_NAME, overrides=_overrides(args)), resolve=True,
-                                     throw_on_missing=True)
+    cfg = compose(CONFIG_NAME, _overrides(args), job_name="stallfree-serve")
     engine_kwargs = engine_kwargs_from_groups(cfg["model"], cfg["scheduler"], cfg["chunk_size"])
+    require(engine_kwargs["clock"] == "real", "model.clock", "'real' (a server's virtual time means nothing to a "
+            "client)", engine_kwargs["clock"])
     server_cfg = ServerConfig(**server_kwargs(cfg))
     server_cfg.validate()
     return engine_kwargs, server_cfg
-
-
-def _one_line(exc: BaseException) -> str:
-    from omegaconf.errors import OmegaConfBaseException
-
-    text = str(exc).split("Config search path")[0]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if isinstance(exc, OmegaConfBaseException) and lines:
-        return f"{exc.full_key}: {lines[0]}" if exc.full_key else lines[0]
-    return " ".join(lines) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_kwargs, cfg = _configs(args)
         app = build_app(engine_kwargs, cfg)
     except Exception as exc:  # any bad value: one line, no traceback
-        print(f"stallfree-serve: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"stallfree-serve: error: {one_line(exc)}", file=sys.stderr)
         return 2
     server = uvicorn_server(app, cfg, on_ready=lambda s: print(
         f"stallfree-serve ready: http://{cfg.host}:{s.port} model={engine_kwargs['model']} "

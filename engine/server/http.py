@@ -31,16 +31,17 @@ class ClientDisconnected(Exception):
 class RequestContextMiddleware:
     """Outermost layer of the app: gives every request an ``x-request-id`` (also in
     ``request.state.request_id``) and its arrival time (``request.state.arrival_time``), enforces the
-    API key and the body-size limit, counts responses per path and status, and turns any unhandled
-    exception into an OpenAI-style 500."""
+    API key, the body-size limit and the body-read timeout, counts responses per path and status, and
+    turns any unhandled exception into an OpenAI-style 500."""
 
     def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, known_paths: set[str], api_key: str | None,
-                 max_body_bytes: int):
+                 max_body_bytes: int, body_read_timeout_s: float):
         self.app = app
         self.metrics = metrics
         self.known_paths = known_paths
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.body_read_timeout_s = body_read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -88,14 +89,25 @@ class RequestContextMiddleware:
         return APIError(413, f"request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
 
     def _limited(self, receive: Receive) -> Receive:
-        """Counts body bytes when there is no (truthful) Content-Length, e.g. chunked uploads."""
-        received = 0
+        """Counts body bytes when there is no (truthful) Content-Length, e.g. chunked uploads, and ends a
+        body that is not complete within body_read_timeout_s of the request (a Content-Length larger
+        than what the client sends would otherwise hold the handler as long as the client likes)."""
+        received, complete = 0, False
+        deadline = asyncio.get_running_loop().time() + self.body_read_timeout_s
 
         async def receive_limited() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # afterwards the app only waits for the disconnect, for as long as it streams
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise APIError(408, f"request body not received within {self.body_read_timeout_s:g} s",
+                               code="request_timeout", headers={"Connection": "close"}) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if received > self.max_body_bytes:
                     raise self._too_large()
             return message

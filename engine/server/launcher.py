@@ -7,6 +7,7 @@ thread of this process, as a context manager) for tests and the bench harness:
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from engine.server.app import ServerConfig, ServerState, build_app
+from engine.server.h11_protocol import JSONErrorH11Protocol
 from engine.server.loop import EngineLoop
 
 SHUTDOWN_MARGIN_S = 0.5
@@ -51,8 +53,10 @@ class _Server(uvicorn.Server):
 
 
 def uvicorn_server(app: FastAPI, cfg: ServerConfig, on_ready: Callable[[_Server], None] | None = None) -> _Server:
+    protocol = functools.partial(JSONErrorH11Protocol, header_timeout_s=cfg.header_read_timeout_s)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                            timeout_graceful_shutdown=cfg.timeout_graceful_shutdown)
+                            timeout_graceful_shutdown=cfg.timeout_graceful_shutdown, http=protocol,
+                            timeout_keep_alive=cfg.timeout_keep_alive_s)
     return _Server(config, app.state.stallfree.engine_loop, on_ready)
 
 

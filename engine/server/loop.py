@@ -9,16 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 
-from engine import BatchRecord, LLMEngine, RequestOutput, SamplingParams
+from engine import LLMEngine, RequestOutput, SamplingParams
+from engine.server.history import BatchHistory
 from engine.server.metrics import ServerMetrics
 
 logger = logging.getLogger("stallfree.server")
-
-# BatchRecords kept for GET /stallfree/batches (a bound keeps a long-running server's memory flat).
-MAX_RECENT_BATCHES = 200_000
 
 # When requests are unfinished but an iteration scheduled nothing, wait this long before retrying.
 STALL_WAIT_S = 0.005
@@ -59,8 +56,9 @@ class Abort:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int):
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int, history: BatchHistory):
         self.engine = engine
+        self.history = history  # the BatchRecords of GET /stallfree/batches
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.error: str | None = None  # why the thread died
@@ -71,18 +69,12 @@ class EngineLoop:
         # engine-thread state
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._progress = True
-        self._recent: deque[BatchRecord] = deque(maxlen=MAX_RECENT_BATCHES)
-        self._recent_lock = threading.Lock()
 
     # -- any thread --------------------------------------------------------------------------------
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
-
-    def batches_since(self, start_time: float) -> list[BatchRecord]:
-        with self._recent_lock:
-            return [r for r in self._recent if r.start_time >= start_time]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
@@ -192,8 +184,8 @@ class EngineLoop:
         self._progress = bool(records)
         for record in records:
             self.metrics.observe_iteration(record)
-        with self._recent_lock:
-            self._recent.extend(records)
+        self.history.extend(records)
+        self.metrics.batch_history_records.set(len(self.history))
         batches: dict[Submission, list[tuple[int, RequestOutput]]] = {}
         for out in outputs:
             self.metrics.observe_output(out)

@@ -57,6 +57,8 @@ class ServerMetrics:
             registry=r))
         self.engine_errors = child(Counter("stallfree:engine_step_errors", "Exceptions raised by engine.step.",
                                            labels, registry=r))
+        self.batch_history_records = child(Gauge(
+            "stallfree:batch_history_records", "BatchRecords kept for GET /stallfree/batches.", labels, registry=r))
         self.http_requests = Counter("stallfree:http_requests", "HTTP responses by path and status code.",
                                      ["path", "status_code"], registry=r)
 

@@ -16,6 +16,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
+from engine import first_lone_surrogate
+
 MAX_PROMPTS_PER_REQUEST = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256  # the per-token stop-string check is quadratic in this
@@ -41,6 +43,15 @@ class APIError(HTTPException):
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
+def check_unicode(text: str, param: str) -> str:
+    """``text``, or a 400 naming ``param`` if it holds a lone UTF-16 surrogate (JSON's "\\ud800", or the
+    bytes ED A0 80, which Python's JSON decoder lets through): no tokenizer can encode one."""
+    if (index := first_lone_surrogate(text)) is not None:
+        raise APIError(400, f"{param}: lone UTF-16 surrogate at index {index} (not valid Unicode)",
+                       param=param, code="invalid_unicode")
+    return text
+
+
 def validation_error(exc: RequestValidationError) -> APIError:
     """FastAPI's body validation failure as an OpenAI-style 400 (bad JSON) or 422 (bad fields)."""
     first = exc.errors()[0]
@@ -49,7 +60,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
     if isinstance(first.get("input"), bytes):  # FastAPI left a body with a non-JSON content type unparsed
         return APIError(400, "request body must be JSON (Content-Type: application/json)", code="invalid_json")
-    loc = [p for p in first["loc"] if p != "body"]
+    loc = [p for p in first["loc"] if p not in ("body", "query")]
     param = str(loc[0]) if loc else None
     message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
     code = "missing_field" if first["type"] == "missing" else \

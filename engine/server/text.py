@@ -78,18 +78,19 @@ class StopStringFilter:
 
 
 class ChoiceText:
-    """The text of one choice, built token by token."""
+    """The text of one choice, built token by token; always empty without a tokenizer (vLLM's
+    skip_tokenizer_init: clients read the token ids)."""
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], stops: list[str]):
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_token_ids) if tokenizer is not None else None
         self.stop = StopStringFilter(stops)
 
     def push(self, token_id: int) -> tuple[str, bool]:
         """(text to send for this token, whether a stop string ended the choice)."""
-        return self.stop.feed(self.detok.push(token_id))
+        return self.stop.feed(self.detok.push(token_id) if self.detok else "")
 
     def finish(self) -> tuple[str, bool]:
         """The rest of the text once the engine ends the choice (EOS, length), and whether a stop
         string turned up in it after all."""
-        text, stopped = self.stop.feed(self.detok.flush())
+        text, stopped = self.stop.feed(self.detok.flush() if self.detok else "")
         return text + self.stop.flush(), stopped

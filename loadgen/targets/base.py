@@ -24,6 +24,7 @@ class Target(Protocol):
     """Made by ``TargetClass(cfg, log_dir)`` (log_dir: where a target keeps its logs and scratch files)."""
 
     vocab_size: int  # prompt token ids are drawn below it
+    engine_pid: int | None  # the engine's process on this machine (its CPU share is measured), else None
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         """Send the specs on their schedule; the first ``warmup`` records are marked is_warmup."""

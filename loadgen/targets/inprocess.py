@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,6 +113,7 @@ class InProcessTarget:
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
         self.vocab_size = model_vocab_size(cfg)
+        self.engine_pid = os.getpid()
         self.timeout_s = cfg.target.timeout_s
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:

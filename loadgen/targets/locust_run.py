@@ -41,7 +41,8 @@ def read_records(rows_dir: Path) -> list[RequestRecord]:
 
 
 def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: str, workers: int = 1,
-               timeout_s: float = 600.0, max_in_flight: int | None = None) -> list[RequestRecord]:
+               timeout_s: float = 600.0, max_in_flight: int | None = None,
+               endpoint: str = "completions") -> list[RequestRecord]:
     """Send ``specs`` open loop with a headless Locust run; return one record per spec, in order.
 
     out_dir receives specs.jsonl, rows/, Locust's locust_*.csv and locust.html, and locust.log.
@@ -57,6 +58,7 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
     command = [str(exe) if exe.exists() else "locust", "-f", str(LOCUSTFILE), "OpenLoopUser", "--headless",
                "--host", url, "--users", str(workers), "--spawn-rate", str(workers), "--run-time", f"{run_time}s",
                "--specs-file", str(specs_file), "--rows-dir", str(out_dir / "rows"), "--model", model,
+               "--endpoint", endpoint,
                "--request-timeout", str(timeout_s), "--max-in-flight", str(max_in_flight or 0),
                "--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust.html"),
                "--only-summary", "--exit-code-on-error", "0"]
@@ -87,10 +89,12 @@ class LocustTarget:
         self.vocab_size = model_vocab_size(cfg)
         self._resources = contextlib.ExitStack()
         if t.url is None:
-            self.url, self.served_model = self._resources.enter_context(ServeProcess(cfg, log_dir)).url, cfg.model.name
+            server = self._resources.enter_context(ServeProcess(cfg, log_dir))
+            self.url, self.served_model, self.engine_pid = server.url, cfg.model.name, server.process.pid
         else:
-            self.url, self.served_model = t.url.rstrip("/"), t.served_model
+            self.url, self.served_model, self.engine_pid = t.url.rstrip("/"), t.served_model, None
         self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
+        self.endpoint = t.endpoint
         self.work_dir = log_dir / "locust"
         self.output: Path | None = None  # the last replay's outputs, until finalize claims them
 
@@ -100,7 +104,8 @@ class LocustTarget:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
         records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
-                             timeout_s=self.timeout_s, max_in_flight=self.max_in_flight)
+                             timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
+                             endpoint=self.endpoint)
         for i, record in enumerate(records):
             record.is_warmup = i < warmup
             if progress is not None:

@@ -22,15 +22,18 @@ class _OpenLoopHttpTarget:
     """Sends to ``self.url`` (set by the subclass) with ``served_model`` as each request's "model"."""
 
     url: str
+    engine_pid: int | None = None  # a server elsewhere: its CPU is not measured
 
     def __init__(self, cfg: DictConfig, served_model: str):
         self.served_model = served_model
         self.vocab_size = model_vocab_size(cfg)
         self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
+        self.endpoint = cfg.target.endpoint
 
     def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
         return run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
-                                  timeout_s=self.timeout_s, warmup=warmup, progress=progress)
+                                  timeout_s=self.timeout_s, warmup=warmup, progress=progress,
+                                  endpoint=self.endpoint)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         return Replay(self.send(specs, warmup=warmup, progress=progress), None)
@@ -57,7 +60,7 @@ class HttpTarget(_OpenLoopHttpTarget):
         super().__init__(cfg, cfg.model.name)
         self._resources = contextlib.ExitStack()
         self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
-        self.url = self.server.url
+        self.url, self.engine_pid = self.server.url, self.server.process.pid
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         start = time.time()

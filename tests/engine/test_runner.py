@@ -54,12 +54,12 @@ def test_model_runner_prefill_chunks_then_decode_match_hf(model_runner, hf_model
 
 
 def test_simulated_runner_charges_the_cost_model_and_samples_only_sampling_units():
-    cost = CostModel(intercept=0.01, num_prefill_tokens=0.001, num_decode_tokens=0.002, num_kv_blocks_used=0.0)
+    cost = CostModel(coefficients={"intercept": 0.01, "num_prefill_tokens": 0.001, "num_decode_seqs": 0.002,
+                                   "decode_context_tokens": 1e-5})
     clock = VirtualClock(start=100.0)
     runner = SimulatedRunner(cost, vocab_size=50, eos_token_ids={2}, clock=clock, seed=0)
     output = SchedulerOutput([unit("d", [7], 30, [0, 1, 2, 3], is_prefill=False),
-                              unit("p", list(range(40)), 0, [4, 5, 6, 7, 8], samples=False)],
-                             num_kv_blocks_used=9)
+                              unit("p", list(range(40)), 0, [4, 5, 6, 7, 8], samples=False)])
     sampled = runner.execute_model(output)
     assert set(sampled) == {"d"} and sampled["d"] != 2 and 0 <= sampled["d"] < 50
-    assert clock() == pytest.approx(100.0 + 0.01 + 40 * 0.001 + 1 * 0.002)
+    assert clock() == pytest.approx(100.0 + 0.01 + 40 * 0.001 + 1 * 0.002 + 31 * 1e-5)

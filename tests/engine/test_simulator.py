@@ -6,34 +6,71 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.outputs import BatchRecord
-from engine.runner.cost_model import CostModel
+from engine.runner.cost_model import CostModel, IterationFeatures
 
-FIXED = CostModel(intercept=0.004, num_prefill_tokens=2e-5, num_decode_tokens=3e-4, num_kv_blocks_used=1e-5)
+FIXED = CostModel(coefficients={"intercept": 0.004, "num_prefill_tokens": 2e-5, "num_decode_seqs": 3e-4,
+                                "prefill_attention_work": 1e-8, "decode_context_tokens": 2e-7})
 
 
-def record(prefill: int, decode: int, blocks: int, seconds: float) -> BatchRecord:
+def record(prefill: int, decodes: int, work: int, context: int, seconds: float) -> BatchRecord:
     return BatchRecord(iteration=0, start_time=10.0, end_time=10.0 + seconds, num_prefill_tokens=prefill,
-                       num_decode_tokens=decode, num_prefill_seqs=int(prefill > 0), num_decode_seqs=decode,
-                       num_preemptions=0, num_kv_blocks_used=blocks, num_waiting=0, num_running=0)
+                       num_decode_tokens=decodes, num_prefill_seqs=int(prefill > 0), num_decode_seqs=decodes,
+                       prefill_attention_work=work, decode_context_tokens=context, num_preemptions=0,
+                       num_kv_blocks_used=0, num_waiting=0, num_running=0)
 
 
-def test_fit_recovers_a_linear_cost_model():
-    rng = random.Random(0)
-    shapes = [(rng.randrange(0, 512), rng.randrange(0, 64), rng.randrange(1, 400)) for _ in range(50)]
-    fitted = CostModel.fit([record(p, d, b, FIXED.predict(p, d, b)) for p, d, b in shapes])
-    for name in ("intercept", "num_prefill_tokens", "num_decode_tokens", "num_kv_blocks_used"):
-        assert getattr(fitted, name) == pytest.approx(getattr(FIXED, name), rel=1e-6)
+def predicted(model: CostModel, r: BatchRecord) -> float:
+    return model.predict(IterationFeatures.of(r))
+
+
+def random_shapes(n: int, seed: int) -> list[tuple[int, int, int, int]]:
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(n):
+        prefill, decodes = rng.randrange(0, 512), rng.randrange(0, 64)
+        shapes.append((prefill, decodes, prefill * rng.randrange(prefill, 2048) if prefill else 0,
+                       decodes * rng.randrange(16, 1024)))
+    return shapes
+
+
+def test_fit_recovers_a_linear_cost_model_and_reports_its_held_out_error():
+    shapes = random_shapes(80, seed=0)
+    fitted = CostModel.fit([record(*s, predicted(FIXED, record(*s, 0))) for s in shapes], fitted_on={"model": "x"})
+    for name, value in FIXED.coefficients.items():
+        assert fitted.coefficients[name] == pytest.approx(value, rel=1e-6)
+    assert fitted.holdout_error["median_abs_pct"] < 1e-6 and fitted.holdout_error["num_iterations"] == 16
+    assert fitted.residual_quantiles == pytest.approx([1.0] * len(fitted.residual_quantiles))
+    assert fitted.fitted_on["model"] == "x" and fitted.fitted_on["num_records"] == 80
+
+
+def test_residuals_replay_the_spread_of_real_iterations():
+    """Iterations 20% slower one time in ten: the fit keeps that tail and the simulator draws it."""
+    shapes = random_shapes(200, seed=1)
+    records = [record(*s, predicted(FIXED, record(*s, 0)) * (1.2 if i % 10 == 0 else 1.0))
+               for i, s in enumerate(shapes)]
+    fitted = CostModel.fit(records)
+    ratios = [fitted.sample(IterationFeatures(100, 8, 100 * 300, 8 * 300), random.Random(i))
+              / fitted.predict(IterationFeatures(100, 8, 100 * 300, 8 * 300)) for i in range(2000)]
+    slow = sum(r > 1.1 for r in ratios) / len(ratios)
+    assert 0.04 < slow < 0.2 and max(ratios) == pytest.approx(1.2 / min(ratios), rel=0.05)
 
 
 def test_fit_never_gives_a_negative_per_unit_cost():
-    """Times that fall with decode tokens (noise on an overhead-bound model) must not make decodes free or
+    """Times that fall with decodes (noise on an overhead-bound model) must not make decodes free or
     negative-cost in the simulation: that feature is dropped instead."""
-    records = [record(p, d, 10, 0.002 + 1e-5 * p - 1e-4 * d) for p in (0, 100, 200) for d in (0, 4, 8)]
-    fitted = CostModel.fit(records)
-    assert fitted.num_decode_tokens == 0.0 and fitted.num_prefill_tokens > 0
-    assert all(fitted.predict(p, d, 10) > 0 for p in (0, 200) for d in (0, 64))
+    records = [record(p, d, p * p, d * 100, 0.002 + 1e-5 * p - 1e-4 * d) for p in (0, 100, 200) for d in (0, 4, 8)]
+    fitted = CostModel.fit(records * 2)
+    assert fitted.coefficients["num_decode_seqs"] == 0.0 and fitted.coefficients["num_prefill_tokens"] > 0
+    assert all(fitted.coefficients[name] >= 0 for name in fitted.coefficients if name != "intercept")
     with pytest.raises(ValueError, match="at least"):
         CostModel.fit(records[:2])
+
+
+def test_an_old_cost_model_file_is_refused_with_a_clear_error(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text('{"coefficients": {"num_kv_blocks_used": 1e-5}}')
+    with pytest.raises(ValueError, match="model.cost_model.*stallfree-profile"):
+        CostModel.load(path)
 
 
 @pytest.fixture
@@ -65,16 +102,17 @@ def test_virtual_clock_replays_thousands_of_requests_in_seconds(policy, fixed_co
     assert engine.clock() >= 0.05 * 999
     # Each iteration took exactly what the cost model predicts for it.
     for r in engine.batch_records[:200]:
-        assert r.end_time - r.start_time == pytest.approx(
-            FIXED.predict(r.num_prefill_tokens, r.num_decode_tokens, r.num_kv_blocks_used), abs=0.002)
+        assert r.end_time - r.start_time == pytest.approx(predicted(FIXED, r), abs=0.002)
     assert engine.num_free_blocks == engine.num_total_blocks
 
 
 def test_profiling_fits_the_real_runner_once(monkeypatch):
     engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
     cost = engine.runner.cost_model
-    assert cost.num_prefill_tokens > 0 and cost.intercept >= 0  # prefill tokens cost time on the real runner
-    def no_refit(records):
+    assert cost.coefficients["num_prefill_tokens"] > 0  # prefill tokens cost time on the real runner
+    assert cost.fitted_on["model"] == "tiny" and cost.holdout_error["num_iterations"] > 0
+
+    def no_refit(*args, **kwargs):
         raise AssertionError("profiled again")
 
     monkeypatch.setattr(CostModel, "fit", no_refit)
@@ -88,9 +126,7 @@ def test_real_clock_sleeps_the_predicted_time(fixed_cost_model):
     start = time.time()
     while engine.has_unfinished():
         engine.step()
-    predicted = sum(FIXED.predict(r.num_prefill_tokens, r.num_decode_tokens, r.num_kv_blocks_used)
-                    for r in engine.batch_records)
-    assert time.time() - start >= predicted
+    assert time.time() - start >= sum(predicted(FIXED, r) for r in engine.batch_records)
     assert engine.batch_records[0].start_time >= start  # wall-clock timestamps
 
 

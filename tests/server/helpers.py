@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import time
 
 import httpx
@@ -80,3 +81,23 @@ def random_stream_bodies(n: int, seed: int, max_tokens: tuple[int, int]) -> list
 def async_client(url: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=url, timeout=120, trust_env=False,
                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+
+
+def raw_exchange(url: str, request: bytes, timeout: float = 30.0) -> tuple[float, int, dict]:
+    """Send raw bytes on a new connection and read until the server closes it: (seconds taken, status,
+    JSON body)."""
+    host, port = url.removeprefix("http://").split(":")
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return time.monotonic() - start, int(head.split()[1]), json.loads(body)
+
+
+def is_openai_error(body: object) -> bool:
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and set(error) == {"message", "type", "param", "code"} \
+        and isinstance(error["message"], str) and bool(error["message"])

@@ -150,7 +150,7 @@ def test_batch_records_endpoint(server, http):
     assert sum(b["num_prefill_tokens"] for b in batches) == sum(len(b["prompt"]) for b in bodies)
     assert sum(b["num_decode_tokens"] for b in batches) == sum(b["max_tokens"] - 1 for b in bodies)
     assert all(b["start_time"] >= since and b["end_time"] >= b["start_time"] for b in batches)
-    assert http.get("/stallfree/batches", params={"since": time.time() + 60}).json() == {"batches": []}
+    assert http.get("/stallfree/batches", params={"since": time.time() + 60}).json() == {"batches": [], "next_since": None}
 
 
 def test_full_queue_gets_429_with_retry_after(small_queue_server):

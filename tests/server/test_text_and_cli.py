@@ -48,6 +48,13 @@ def test_stop_string_filter_holds_back_possible_prefixes():
     (["model=path"], "model.path"),
     (["max_waiting=0"], "max_waiting"),
     (["--api-key"], "--api-key needs a value"),
+    (["model.kv_memory_gib=-1"], "model.kv_memory_gib must be a number > 0, got -1"),
+    (["model.dtype=fp8"], "unknown model.dtype 'fp8'"),
+    (["model.runner=simulated", "model.clock=virtual"], "model.clock must be 'real'"),
+    (["model.max_model_len=0"], "model.max_model_len must be"),
+    (["model.skip_tokenizer_init=maybe"], "model.skip_tokenizer_init must be true or false"),
+    (["body_read_timeout_s=0"], "body_read_timeout_s must be a number > 0"),
+    (["batch_history_max_records=0"], "batch_history_max_records"),
 ])
 def test_cli_bad_values_exit_2_with_one_line(args, message, capsys):
     assert main(args) == 2

@@ -1,0 +1,192 @@
+"""Bounded soak test: a steady open-loop stream of completions against a stallfree-serve this script
+starts, sampling the server's RSS (/proc/<pid>/status), its batch history size (the
+``stallfree:batch_history_records`` gauge) and the error count; every ``--fetch-every`` seconds it
+fetches the whole batch history while timing /health, to see whether the fetch stalls the event loop.
+
+    python benchmarks/soak.py --rate 20 --duration 150 --warmup 30
+
+Prints the RSS slope after warm-up and writes benchmarks/results/soak.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
+HISTORY_GAUGE = "stallfree:batch_history_records"
+
+
+@dataclass
+class Soak:
+    rss_mib: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, MiB)
+    history_records: list[tuple[float, int]] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    errors: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, what)
+    latencies_s: list[float] = field(default_factory=list)
+    health_s: list[float] = field(default_factory=list)  # /health round trips outside history fetches
+    health_during_fetch_s: list[float] = field(default_factory=list)
+    fetch_s: list[float] = field(default_factory=list)
+
+    def count(self, status: str, t: float, detail: str = "") -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if status != "200":
+            self.errors.append((t, f"{status} {detail}".strip()))
+
+
+def start_server(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    exe = Path(sys.executable).with_name("stallfree-serve")
+    cmd = [str(exe), f"model={model}", "port=0", "log_level=error", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("stallfree-serve ready: "):
+        proc.kill()
+        raise RuntimeError(f"stallfree-serve did not start: {line!r}")
+    return proc, line.split()[2]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def gauge(metrics_text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(name))
+
+
+async def one_request(client: httpx.AsyncClient, body: dict, soak: Soak, t0: float) -> None:
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            text = "".join([chunk async for chunk in r.aiter_text()])
+        ok = r.status_code == 200 and text.rstrip().endswith("data: [DONE]") and '"error"' not in text
+        status = str(r.status_code) if ok or r.status_code != 200 else "200-broken-stream"
+        soak.count(status, time.monotonic() - t0, "" if ok else text[-300:])
+        soak.latencies_s.append(time.perf_counter() - start)
+    except httpx.HTTPError as exc:
+        soak.count(type(exc).__name__, time.monotonic() - t0, repr(exc))
+
+
+async def timed_get(client: httpx.AsyncClient, path: str) -> tuple[httpx.Response, float]:
+    start = time.perf_counter()
+    response = await client.get(path)
+    return response, time.perf_counter() - start
+
+
+async def sample(client: httpx.AsyncClient, pid: int, t0: float, soak: Soak) -> None:
+    metrics, _ = await timed_get(client, "/metrics")
+    now = time.monotonic() - t0
+    soak.rss_mib.append((now, rss_mib(pid)))
+    soak.history_records.append((now, int(gauge(metrics.text, HISTORY_GAUGE))))
+    _, health = await timed_get(client, "/health")
+    soak.health_s.append(health)
+
+
+async def fetch_history(client: httpx.AsyncClient, soak: Soak) -> None:
+    fetch = asyncio.ensure_future(timed_get(client, "/stallfree/batches?since=0"))
+    while not fetch.done():
+        _, health = await timed_get(client, "/health")
+        soak.health_during_fetch_s.append(health)
+    soak.fetch_s.append((await fetch)[1])
+
+
+async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
+    soak, rng = Soak(), random.Random(0)
+    # Idle connections are dropped before the server's keep-alive timeout (5 s), so that a request is
+    # never sent on a connection the server is closing.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, trust_env=False) as client, \
+            httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as probe:
+        t0 = time.monotonic()
+        requests: set[asyncio.Task] = set()
+        next_sample = next_fetch = 0.0
+        for i in range(int(args.rate * args.duration)):
+            due = i / args.rate
+            while (now := time.monotonic() - t0) < due:
+                if now >= next_sample:
+                    await sample(probe, pid, t0, soak)
+                    next_sample += args.sample_every
+                elif now >= next_fetch and now >= args.warmup:
+                    await fetch_history(probe, soak)
+                    next_fetch = now + args.fetch_every
+                else:
+                    await asyncio.sleep(min(due - now, 0.01))
+            body = {"prompt": [rng.randrange(3, 2000) for _ in range(args.prompt_tokens)],
+                    "max_tokens": args.max_tokens, "ignore_eos": True, "stream": True}
+            task = asyncio.create_task(one_request(client, body, soak, t0))
+            requests.add(task)
+            task.add_done_callback(requests.discard)
+        await asyncio.gather(*requests)
+        await sample(probe, pid, t0, soak)
+    return soak
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return 0.0
+    times, values = zip(*points, strict=True)
+    return statistics.linear_regression(times, values).slope * 60
+
+
+def summary(soak: Soak, args: argparse.Namespace) -> dict:
+    steady = [(t, v) for t, v in soak.rss_mib if t >= args.warmup]
+    latencies = sorted(soak.latencies_s) or [0.0]
+    errors = sum(n for status, n in soak.statuses.items() if status != "200")
+    return {
+        "config": vars(args),
+        "requests": sum(soak.statuses.values()), "errors": errors, "statuses": soak.statuses,
+        "latency_p50_s": latencies[len(latencies) // 2], "latency_p99_s": latencies[int(len(latencies) * 0.99)],
+        "rss_mib_after_warmup": [steady[0][1], steady[-1][1]] if steady else None,
+        "rss_slope_mib_per_min": slope_per_min(steady),
+        "batch_history_records_max": max((n for _, n in soak.history_records), default=0),
+        "health_max_ms": 1000 * max(soak.health_s, default=0.0),
+        "health_max_ms_during_history_fetch": 1000 * max(soak.health_during_fetch_s, default=0.0),
+        "history_fetch_s": soak.fetch_s,
+        "samples": asdict(soak) | {"latencies_s": None},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=20.0, help="requests per second (open loop)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    parser.add_argument("--warmup", type=float, default=20.0, help="seconds left out of the RSS slope")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between RSS / history samples")
+    parser.add_argument("--fetch-every", type=float, default=15.0, help="seconds between full history fetches")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("overrides", nargs="*", help="extra stallfree-serve overrides (key=value)")
+    args = parser.parse_args()
+    proc, url = start_server(args.model, args.overrides)
+    try:
+        soak = asyncio.run(soak_run(url, proc.pid, args))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    result = summary(soak, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result | {"config": {**vars(args), "out": str(args.out)}}, indent=1))
+    print(f"{result['requests']} requests, {result['errors']} errors {soak.statuses}; "
+          f"p50 {result['latency_p50_s']:.3f} s, p99 {result['latency_p99_s']:.3f} s")
+    print(f"RSS after warm-up {result['rss_mib_after_warmup']} MiB, slope {result['rss_slope_mib_per_min']:+.2f} "
+          f"MiB/min; batch history max {result['batch_history_records_max']} records")
+    print(f"/health max {result['health_max_ms']:.1f} ms, during history fetches "
+          f"{result['health_max_ms_during_history_fetch']:.1f} ms (fetches: "
+          f"{', '.join(f'{s:.2f}' for s in soak.fetch_s)} s)")
+
+
+if __name__ == "__main__":
+    main()
