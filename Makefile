@@ -14,6 +14,8 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q -e '.[dev]'
+	@# Optional: the triton backend's kernel tests run under Triton's CPU interpreter where it installs.
+	-$(BIN)/pip install -q 'triton==3.9.0'
 
 demo: setup
 	$(BIN)/stallfree-bench +experiment=demo -m

@@ -3,9 +3,9 @@ fitted on the real runner's BatchRecords, saved and loaded as JSON with what it 
 
 Features (``IterationFeatures``): a fixed per-iteration cost, prefill tokens, decode sequences, and the
 attention work: for each prefill chunk its tokens x the context they attend to, and for the decodes the
-sum of their context lengths. The fit weights each iteration by 1 / its time (it minimizes relative
-error, so short decode iterations count as much as long prefills), keeps no negative per-unit cost, and
-records its error on held-out iterations. ``residual_quantiles`` (actual / predicted over the profile)
+sum of their context lengths. The fit is least squares on seconds (weighting iterations by 1 / their
+time fitted this machine's profile worse: its decode iterations are nearly flat in batch size and noisy),
+keeps no negative per-unit cost, and records its relative error on held-out iterations. ``residual_quantiles`` (actual / predicted over the profile)
 let the simulator replay the real iterations' spread, whose tail decides TBT percentiles and SLOs.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from engine.outputs import BatchRecord
 
-COST_MODEL_VERSION = 2  # bump when the features or the fit change: cached profiles are then refitted
+COST_MODEL_VERSION = 3  # bump when the features or the fit change: cached profiles are then refitted
 NUM_RESIDUAL_QUANTILES = 41
 HOLDOUT_FRACTION = 0.2
 
@@ -115,14 +115,13 @@ def _relative_errors(coefficients: dict[str, float], records: list[BatchRecord])
 
 
 def _least_squares(records: list[BatchRecord]) -> dict[str, float]:
-    """Least squares of relative error with no negative per-unit cost: a feature whose coefficient comes out
-    negative (noise, on a model whose iterations are mostly overhead) is dropped and the rest refitted."""
+    """Least squares with no negative per-unit cost: a feature whose coefficient comes out negative (noise,
+    on a model whose iterations are mostly overhead) is dropped and the rest refitted."""
     x = torch.tensor([IterationFeatures.of(r).row() for r in records], dtype=torch.float64)
     y = torch.tensor([[_seconds(r)] for r in records], dtype=torch.float64)
-    weights = 1.0 / y.clamp_min(1e-6)
     active = list(range(len(FEATURES)))
     while True:
-        coef = torch.linalg.lstsq(x[:, active] * weights, y * weights, driver="gelsd").solution.flatten()
+        coef = torch.linalg.lstsq(x[:, active], y, driver="gelsd").solution.flatten()
         worst = int(coef[1:].argmin()) + 1 if len(active) > 1 else 0
         if worst == 0 or coef[worst] >= 0:
             break
