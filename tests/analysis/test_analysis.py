@@ -4,18 +4,14 @@ SYNTHETIC results set of tests/fakes/synthetic_results.py (a stand-in until an e
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import nbformat
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis import capacity, load, pareto, report, stalls
+from tests.analysis.notebooks import FIGURES, check_executed_notebook
 from tests.fakes.synthetic_results import write_synthetic_results
-
-FIGURES = {"pareto": ["pareto_p99_tbt.png", "pareto_p50_ttft.png", "pareto_p99_ttft.png"],
-           "capacity": ["capacity.png"], "stalls": ["stall_timeline.png"]}
 
 
 def _runs(rows: list[tuple]) -> pd.DataFrame:
@@ -186,16 +182,6 @@ def test_stall_selection(results):
 def built(results) -> object:
     assert report.main([str(results)]) == 0
     return results
-
-
-def check_executed_notebook(report_dir: Path, name: str) -> None:
-    """The executed notebook has no error output, shows its figures and saved them as PNG."""
-    notebook = nbformat.read(report_dir / "notebooks" / f"{name}.ipynb", as_version=4)
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(FIGURES[name])
-    for figure in FIGURES[name]:
-        assert (report_dir / "figures" / figure).stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("name", list(FIGURES))
