@@ -4,7 +4,10 @@ HTTP/1.1 is spoken directly on asyncio streams (keep-alive pool, chunked / conte
 delimited bodies, http and https). httpx was measured first: on the 2-core test machine it spent
 ~2.3 ms of CPU per 8-token streamed request (~0.2 ms per SSE chunk in httpcore/anyio) against
 ~0.45 ms here, and at 200 QPS next to a busy engine process the dispatcher fell seconds behind.
-A load generator has to stay far below its fair share of a core.
+A load generator has to stay far below its fair share of a core. aiohttp, set up as vLLM's
+``bench serve`` sets it up, was measured too (benchmarks/client_fidelity.py): ~45% more CPU per
+request and a 2-3x higher schedule lag p99 without real-time priority; it misses the 200-QPS fidelity
+test's TTFT bound in 3 of 5 runs where this client passes all 5.
 
 ``send_request`` never raises: HTTP errors, connection errors, timeouts and cancellation all become
 a RequestRecord with a status and an error.
@@ -73,6 +76,29 @@ class HttpClient:
         return (f"POST {self.path_prefix}{path} HTTP/1.1\r\n{self._headers}"
                 f"content-length: {len(body)}\r\n\r\n").encode() + body
 
+    async def stream(self, path: str, body: bytes, record: RequestRecord) -> None:
+        """POST and consume the SSE stream, filling the record in place; raises on failure."""
+        conn = await self.acquire()
+        reusable = False
+        try:
+            conn[1].write(self.post_bytes(path, body))
+            status, headers = await read_head(conn[0])
+            if status != 200:
+                text = b"".join([piece async for piece in iter_body(conn[0], headers)])
+                raise ResponseError(f"HTTP {status}: {text.decode(errors='replace')[:500]}")
+            pending = b""
+            async for piece in iter_body(conn[0], headers):
+                received = time.time()
+                *lines, pending = (pending + piece).split(b"\n")
+                for line in lines:
+                    if line.startswith(b"data:"):
+                        apply_sse_event(line[5:].strip(), received, record)
+            reusable = keeps_alive(headers)
+        finally:
+            self.release(conn, reusable)
+        if record.status != "ok":
+            raise ResponseError(NO_DONE)
+
 
 async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     """Status code and lower-cased headers of a response."""
@@ -105,30 +131,6 @@ def keeps_alive(headers: dict[str, str]) -> bool:
     return framed and headers.get("connection", "").lower() != "close"
 
 
-async def _stream(client: HttpClient, path: str, body: bytes, record: RequestRecord) -> None:
-    """POST and consume the SSE stream, filling the record in place; raises on failure."""
-    conn = await client.acquire()
-    reusable = False
-    try:
-        conn[1].write(client.post_bytes(path, body))
-        status, headers = await read_head(conn[0])
-        if status != 200:
-            text = b"".join([piece async for piece in iter_body(conn[0], headers)])
-            raise ResponseError(f"HTTP {status}: {text.decode(errors='replace')[:500]}")
-        pending = b""
-        async for piece in iter_body(conn[0], headers):
-            received = time.time()
-            *lines, pending = (pending + piece).split(b"\n")
-            for line in lines:
-                if line.startswith(b"data:"):
-                    apply_sse_event(line[5:].strip(), received, record)
-        reusable = keeps_alive(headers)
-    finally:
-        client.release(conn, reusable)
-    if record.status != "ok":
-        raise ResponseError(NO_DONE)
-
-
 async def send_request(client: HttpClient, spec: RequestSpec, *, model: str, intended_send_time: float,
                        timeout_s: float, is_warmup: bool = False, endpoint: str = "completions") -> RequestRecord:
     """POST one streaming completion (``endpoint``: completions or chat) now; return its record (never
@@ -143,7 +145,7 @@ async def send_request(client: HttpClient, spec: RequestSpec, *, model: str, int
     status, error = "ok", None
     try:
         async with asyncio.timeout(timeout_s):
-            await _stream(client, path, body, record)
+            await client.stream(path, body, record)
     except TimeoutError:
         status, error = "timeout", timeout_error(timeout_s)
     except asyncio.CancelledError:

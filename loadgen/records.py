@@ -14,6 +14,12 @@ from loadgen.workload import RequestSpec
 NOT_SENT = "not sent"
 
 
+def as_row(record) -> dict:
+    """A (non-slots) dataclass instance as a dict that shares its lists: ``dataclasses.asdict`` deep-copies
+    every token-time list, which took longer than a simulated run's engine steps."""
+    return dict(vars(record))
+
+
 @dataclass
 class RequestRecord:
     request_id: str

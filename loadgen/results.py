@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from loadgen.records import RequestRecord
+from loadgen.records import RequestRecord, as_row
 
 ARROW_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
                list[float]: pa.list_(pa.float64())}
@@ -69,7 +69,7 @@ def _json_value(value):
 
 def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """The records as a DataFrame with the requests.parquet columns (what loadgen.metrics reads)."""
-    return pd.DataFrame([dataclasses.asdict(r) for r in records], columns=REQUESTS_SCHEMA.names)
+    return pd.DataFrame([as_row(r) for r in records], columns=REQUESTS_SCHEMA.names)
 
 
 def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: Sequence[RequestRecord],
@@ -86,7 +86,7 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
     try:
         text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
         (tmp / "config.yaml").write_text(text)
-        pq.write_table(pa.Table.from_pylist([dataclasses.asdict(r) for r in requests],
+        pq.write_table(pa.Table.from_pylist([as_row(r) for r in requests],
                                              schema=REQUESTS_SCHEMA), tmp / "requests.parquet")
         if batches is not None:
             pq.write_table(pa.Table.from_pylist(batches), tmp / "batches.parquet")

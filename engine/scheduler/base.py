@@ -90,7 +90,7 @@ class Scheduler(ABC):
 
     def _snapshot(self, unit: PlannedUnit) -> ScheduledUnit:
         request, start, n = unit.request, unit.request.num_computed_tokens, unit.num_new_tokens
-        return ScheduledUnit(request_id=request.request_id, token_ids=request.all_token_ids[start:start + n],
+        return ScheduledUnit(request_id=request.request_id, token_ids=request.token_ids(start, start + n),
                              num_computed_tokens=start, is_prefill=unit.is_prefill,
                              samples=start + n == request.num_tokens,
                              block_table=list(self.kv.block_tables[request.request_id]),

@@ -10,9 +10,9 @@ Only the engine's public API is used: step() outputs, abort(), batch_records and
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from engine.hydra_groups import ConfigError
 from loadgen.bench_config import engine_kwargs, model_vocab_size
-from loadgen.records import RequestRecord
+from loadgen.records import RequestRecord, as_row
 from loadgen.targets.base import Progress, Replay
 from loadgen.workload import RequestSpec
 
@@ -82,7 +82,8 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
                 progress(record)
             continue
         in_flight[spec.request_id] = record
-    arrivals = sorted(record.intended_send_time for record in in_flight.values())
+    by_arrival = deque(sorted((record.intended_send_time, rid) for rid, record in in_flight.items()))
+    arrivals = [arrival for arrival, _ in by_arrival]
 
     while in_flight:
         before, iterations = engine.clock(), len(engine.batch_records)
@@ -91,15 +92,16 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
                 done(out.request_id, "ok", None, out.metrics.finish_time, out.metrics)
         if timeout_s is not None:
             deadline = engine.clock() - timeout_s
-            for request_id in [rid for rid, r in in_flight.items() if r.intended_send_time < deadline]:
-                aborted = engine.abort(request_id)
-                done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
+            while by_arrival and by_arrival[0][0] < deadline:
+                if (request_id := by_arrival.popleft()[1]) in in_flight:
+                    aborted = engine.abort(request_id)
+                    done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
         if len(engine.batch_records) == iterations and in_flight:
             upcoming = bisect.bisect_right(arrivals, before)
             if upcoming == len(arrivals):
                 raise RuntimeError(f"engine stalled: {len(in_flight)} arrived requests, none runnable")
             time.sleep(max(0.0, arrivals[upcoming] - engine.clock()))
-    return Replay(records, [dataclasses.asdict(b) for b in engine.batch_records[first_batch:]])
+    return Replay(records, [as_row(b) for b in engine.batch_records[first_batch:]])
 
 
 class InProcessTarget:
