@@ -2,11 +2,12 @@
 
     locust -f loadgen/locustfile.py --host http://127.0.0.1:8000 OpenLoopUser --qps 4 --workload arxiv
 
-Every streamed completion is reported as request type "LLM" under its own names, so the web UI, the CSV
-and the HTML report show them as rows and chart lines: "E2E" (every request, failures included), "TTFT"
-(both from the intended send time), "TBT" (every gap between two tokens), "output_tokens" (the time
-columns count tokens), "late" (open-loop arrivals sent over 10 ms after their scheduled time; the value
-is the lag) and "dropped" (arrivals dropped because --max-in-flight requests were in flight; failures).
+Every streamed completion is one Locust request of type "LLM" named after --endpoint ("completions" or
+"chat"), its response time the E2E latency from the intended send time; failures (HTTP errors, timeouts,
+aborted) count as failures, and open-loop arrivals dropped at --max-in-flight as failures under
+"dropped". Token-level statistics (output tokens/s, TTFT / TBT percentiles, SLO attainment against
+--slo / --slo-tbt-ms, requests in flight, late sends) go to the web UI's LLM tab and to --csv's
+PREFIX_llm.csv (loadgen.locust_llm_tab), never to the request table.
 
 Users (name one on the command line, or pick one with --class-picker in the web UI):
 * LLMUser, closed loop: send a request, read the whole stream, wait --wait seconds, repeat.
@@ -30,7 +31,7 @@ is on disk whatever order master and workers stop in (one host, or a shared dire
 --step-users (closed loop) or --step-qps (open loop) with --step-seconds installs StepShape, a
 LoadTestShape that steps the load through a list, for finding the knee by hand.
 
-The schedule lives in loadgen.locust_schedule, the request and its statistics in loadgen.locust_requests.
+The schedule lives in loadgen.locust_schedule, the request and its Locust event in loadgen.locust_requests.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from loadgen.completions import ResponseError
+from loadgen.locust_llm_events import LiveEvents
+from loadgen.locust_llm_stats import SLO_NAMES, slo_bounds
+from loadgen.locust_llm_tab import install as install_llm_tab
 from loadgen.locust_requests import fire, report, stream_completion
 from loadgen.locust_schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
 from loadgen.metrics import MAX_SCHEDULE_LAG_P99_MS
@@ -83,6 +87,13 @@ def _add_options(parser: LocustArgumentParser) -> None:
     add("--step-users", default="", help="StepShape: comma-separated user counts, one per step")
     add("--step-qps", default="", help="StepShape: comma-separated OpenLoopUser rates, one per step")
     add("--step-seconds", type=float, default=30.0, help="StepShape: duration of each step")
+    slo_help = "the LLM tab's SLO (command line only): "
+    add("--slo", choices=SLO_NAMES, default="", include_in_web_ui=False,
+        help=slo_help + "conf/slo/<name>.yaml (a multiple of --decode-iter-ms where it sets no tbt_ms)")
+    add("--slo-tbt-ms", type=float, default=0.0, include_in_web_ui=False, help=slo_help + "TBT bound in ms")
+    add("--slo-ttft-ms", type=float, default=0.0, include_in_web_ui=False, help=slo_help + "TTFT bound in ms")
+    add("--decode-iter-ms", type=float, default=0.0, include_in_web_ui=False,
+        help="decode-only iteration time for --slo's tbt_multiple (a bench run's summary.json decode_iter_ms)")
     add("--specs-file", default="", include_in_web_ui=False, help="replay these requests (JSON lines)")
     add("--rows-dir", default="", include_in_web_ui=False, help="write raw per-request rows here")
 
@@ -114,21 +125,20 @@ class ProcessRun:
             self.start_wall, self.start_mono = time.time(), time.monotonic()
 
     def send(self, client: FastHttpSession, spec: RequestSpec, intended_send_time: float) -> None:
-        record, killed = stream_completion(client, spec, model=self.opts.model,
-                                           intended_send_time=intended_send_time, timeout_s=self.opts.request_timeout,
-                                           endpoint=self.opts.endpoint)
-        report(self.environment, record)
-        self.record(record)
-        if killed:
+        result = stream_completion(client, spec, _live, model=self.opts.model, intended_send_time=intended_send_time,
+                                   timeout_s=self.opts.request_timeout, endpoint=self.opts.endpoint)
+        report(self.environment, self.opts.endpoint, result)
+        self.record(result.record)
+        if result.killed:
             raise GreenletExit
 
     def dispatch(self, client: FastHttpSession, spec: RequestSpec) -> None:
         """Sleep until the request's send time, then send it in its own greenlet (or drop it at the cap)."""
         intended = self.start_wall + spec.send_offset_s
         gevent.sleep(max(0.0, self.start_mono + spec.send_offset_s - time.monotonic()))
-        lag_ms = (time.time() - intended) * 1e3
-        if lag_ms > MAX_SCHEDULE_LAG_P99_MS:
-            fire(self.environment, "late", lag_ms)
+        now = time.time()
+        if (now - intended) * 1e3 > MAX_SCHEDULE_LAG_P99_MS:
+            _live.late_send(now)
         cap = self.opts.max_in_flight
         if cap and len(self.in_flight) >= cap:
             record = RequestRecord.unsent(spec, intended_send_time=intended, is_warmup=False)
@@ -139,6 +149,7 @@ class ProcessRun:
             self.in_flight.spawn(self.send, client, spec, intended)
 
     def record(self, record: RequestRecord) -> None:
+        _live.ended_request(record)
         if self.rows_file is not None:
             self.rows_file.write(json.dumps(dataclasses.asdict(record)) + "\n")
             self.rows_file.flush()
@@ -156,6 +167,7 @@ class ProcessRun:
 
 
 _run: ProcessRun | None = None  # the current test of this process (not on a master)
+_live = LiveEvents()  # this process's requests, for the LLM tab
 _done: set[int] = set()  # master / standalone: indexes of the processes whose requests have all ended
 
 
@@ -237,11 +249,13 @@ def _on_init(environment: Environment, runner, **_) -> None:
         return
     try:
         request_lengths(opts)
+        slo = slo_bounds(opts)
         steps = [parse_numbers(opts.step_users, "--step-users"), parse_numbers(opts.step_qps, "--step-qps")]
     except (ValueError, OSError) as e:
         sys.exit(f"locustfile: {e}")
     if all(steps) and len(steps[0]) != len(steps[1]):
         sys.exit("locustfile: --step-users and --step-qps need the same number of steps")
+    install_llm_tab(environment, _live, slo)
     if not isinstance(runner, WorkerRunner):
         runner.register_message(DONE_MESSAGE, _on_done)
         if any(steps):

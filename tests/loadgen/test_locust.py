@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from scipy import stats
 
 from engine.server import start_server
-from loadgen.metrics import summarize
+from loadgen.metrics import request_metrics, summarize
 from loadgen.results import requests_frame
 from loadgen.targets.locust_run import read_records
 from tests.fakes.fake_sse_server import running_fake_server
@@ -74,22 +75,49 @@ def locust_stats(out: Path) -> pd.DataFrame:
     return pd.read_csv(out / "locust_stats.csv").set_index("Name")
 
 
+def llm_stats(out: Path) -> tuple[pd.DataFrame, pd.Series]:
+    """The LLM tab's statistics a headless run wrote: (one row per window, the whole-run row)."""
+    table = pd.read_csv(out / "locust_llm.csv", keep_default_na=False)
+    return table.iloc[:-1], table.iloc[-1]
+
+
+def exact_percentile(values, q: float) -> float:
+    return float(np.percentile(values, q, method="inverted_cdf"))  # nearest rank, as the LLM tab
+
+
 def test_headless_run_against_tiny_server(tiny_url, tmp_path):
-    rows = run_headless(tiny_url, tmp_path, "OpenLoopUser", "--qps", "4", "--num-requests", "40", *SMALL)
+    rows = run_headless(tiny_url, tmp_path, "OpenLoopUser", "--qps", "4", "--num-requests", "40",
+                        "--slo-tbt-ms", "30", *SMALL)
     df = requests_frame(rows)
     assert len(df) == 40 and (df["status"] == "ok").all() and (df["output_tokens"] == 16).all()
+    # one Locust request per completion, its response time the E2E: no per-token events
     table = locust_stats(tmp_path)
-    assert (table.loc[["E2E", "TTFT", "TBT", "output_tokens"], "Type"] == "LLM").all()
-    assert table.loc["E2E", "Request Count"] == table.loc["TTFT", "Request Count"] == len(rows)
-    assert table.loc["TBT", "Request Count"] == 15 * len(rows)
-    # Locust's averages are of the same full-precision values as the raw rows
-    ttft_ms = (df["first_token_time"] - df["intended_send_time"]) * 1e3
-    assert table.loc["TTFT", "Average Response Time"] == pytest.approx(ttft_ms.mean(), abs=1e-6)
+    assert list(table.index) == ["completions", "Aggregated"] and table.loc["completions", "Type"] == "LLM"
+    assert table.loc["completions", "Request Count"] == 40 and table.loc["completions", "Average Content Size"] > 0
+    e2e_ms = (df["finish_time"] - df["intended_send_time"]) * 1e3
+    assert table.loc["completions", "Average Response Time"] == pytest.approx(e2e_ms.mean(), abs=1e-6)
+    # the LLM tab's statistics: exact counts, percentiles within their 2 % bins, the SLO per request
+    windows, run = llm_stats(tmp_path)
+    assert run["name"] == "whole run" and run["ended"] == windows["ended"].sum() == 40
+    assert run["output_tokens"] == windows["output_tokens"].sum() == 640 and run["in_flight"] == 0
+    metrics = request_metrics(df)
+    tbt_ms = np.concatenate(metrics["tbt_ms"].to_list())
+    for column, values, q in [("ttft_p50_ms", metrics["ttft_ms"], 50), ("ttft_p99_ms", metrics["ttft_ms"], 99),
+                              ("tbt_p50_ms", tbt_ms, 50), ("tbt_p99_ms", tbt_ms, 99)]:
+        assert run[column] == pytest.approx(exact_percentile(values, q), rel=0.02, abs=0.1), column
+    assert run["slo_met_pct"] == pytest.approx(100 * (metrics["max_tbt_ms"] <= 30).mean(), abs=0.05)
     # the client's TTFT (from its send) agrees with the server's (from its arrival) within a few ms
     client_ms = (df["first_token_time"] - df["send_time"]) * 1e3
     server_ms = (df["server_token_times"].str[0] - df["server_arrival_time"]) * 1e3
     excess = client_ms - server_ms
     assert (excess > 0).all() and excess.median() < 5 and excess.quantile(0.9) < 10, excess.describe()
+
+
+def test_slo_needing_a_decode_time_is_a_one_line_error():
+    proc = subprocess.run(locust_command("http://127.0.0.1:9", "--headless", "OpenLoopUser", "--slo", "strict"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "locustfile: --slo strict bounds TBT at 5x the decode iteration time" in proc.stderr
 
 
 def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_path):
@@ -113,11 +141,13 @@ def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_
     (["--model", "fake-status-500"], "error", "HTTP 500: "),
     (["--model", "fake", "--request-timeout", "0.3"], "timeout", "no complete response within 0.3 s"),
 ])
-def test_failures_become_rows_and_e2e_failures(slow_url, tmp_path, args, status, error):
+def test_failures_become_rows_and_failed_requests(slow_url, tmp_path, args, status, error):
     rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", "20", "--num-requests", "5", *args, *SMALL)
     assert [row.status for row in rows] == [status] * 5
     assert all(row.error.startswith(error) for row in rows)
-    assert locust_stats(tmp_path).loc["E2E", "Failure Count"] == 5
+    assert locust_stats(tmp_path).loc["completions", "Failure Count"] == 5
+    _, run = llm_stats(tmp_path)
+    assert run["ended"] == 5 and run["slo_met_pct"] == 0 and run["in_flight"] == 0
 
 
 def test_in_flight_cap_drops_and_counts(slow_url, tmp_path):
@@ -129,7 +159,10 @@ def test_in_flight_cap_drops_and_counts(slow_url, tmp_path):
     assert (df.loc[dropped, "status"] == "aborted").all()
     table = locust_stats(tmp_path)
     assert table.loc["dropped", "Failure Count"] == dropped.sum()
-    assert table.loc["E2E", "Request Count"] == (~dropped).sum()
+    assert table.loc["completions", "Request Count"] == (~dropped).sum()
+    _, run = llm_stats(tmp_path)  # every arrival ends, dropped ones too; none stays in flight
+    assert run["ended"] == 30 and run["in_flight"] == 0
+    assert run["slo_met_pct"] == pytest.approx(100 * (~dropped).mean(), abs=0.05)  # no SLO given: ok
 
 
 def test_step_shape_steps_the_rate(fake_url, tmp_path):
@@ -164,7 +197,9 @@ def test_distributed_master_and_two_workers(fake_url, tmp_path):
     assert per_worker == [30, 30]
     rows = read_records(tmp_path / "rows")
     assert {row.request_id[:3] for row in rows} == {"p0-", "p1-"}  # each worker its own schedule
-    assert locust_stats(tmp_path).loc["E2E", "Request Count"] == sum(per_worker)
+    assert locust_stats(tmp_path).loc["completions", "Request Count"] == sum(per_worker)
+    _, run = llm_stats(tmp_path)  # the workers' token events reach the master
+    assert run["ended"] == 60 and run["output_tokens"] == 60 * 16 and run["in_flight"] == 0
 
 
 def test_bench_target_locust(tiny_url, tmp_path):
@@ -178,39 +213,73 @@ def test_bench_target_locust(tiny_url, tmp_path):
     assert len(requests) == 8 and (requests["status"] == "ok").all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["target"] == "locust" and summary["completed"] == 8
-    assert locust_stats(run_dir / "locust").loc["E2E", "Request Count"] == 8
+    assert locust_stats(run_dir / "locust").loc["completions", "Request Count"] == 8
+    assert llm_stats(run_dir / "locust")[1]["ended"] == 8
     assert (run_dir / "locust" / "locust.html").is_file()
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Chromium at /usr/bin/chromium (apt-get install chromium)")
-def test_web_ui_shows_llm_rows(tiny_url):
-    from playwright.sync_api import sync_playwright
-
-    web = f"http://127.0.0.1:{free_port()}"
-    port = web.rsplit(":", 1)[1]
-    ui = subprocess.Popen(locust_command(tiny_url, "LLMUser", "--web-host", "127.0.0.1", "--web-port", port, *SMALL),
+def start_web_ui(host: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """A Locust web UI on a free port, once it answers: (its process, its URL)."""
+    port = str(free_port())
+    ui = subprocess.Popen(locust_command(host, "--web-host", "127.0.0.1", "--web-port", port, *args),
                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    web = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(web, timeout=1, trust_env=False)
+            return ui, web
+        except httpx.TransportError:
+            if time.monotonic() > deadline or ui.poll() is not None:
+                ui.kill()
+                raise AssertionError("the Locust web UI did not start") from None
+            time.sleep(0.2)
+
+
+def table_rows(page) -> dict[str, dict[str, str]]:
+    """The shown table as {first cell: {column title: cell text}}."""
+    titles = page.get_by_role("columnheader").all_inner_texts()
+    rows = [row.get_by_role("cell").all_inner_texts() for row in page.get_by_role("row").all()]
+    return {cells[0]: dict(zip(titles, cells, strict=True)) for cells in rows if len(cells) == len(titles)}
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Chromium at /usr/bin/chromium (apt-get install chromium)")
+def test_web_ui_llm_tab_shows_live_token_statistics(tiny_url):
+    """Statistics shows one row per request kind; the LLM tab fills with non-zero live numbers.
+    STALLFREE_LOCUST_SCREENSHOTS=DIR saves both tabs as DIR/locust_ui.png and DIR/locust_llm_tab.png."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')")
+    ui, web = start_web_ui(tiny_url, "LLMUser", "--slo", "relaxed", "--decode-iter-ms", "40", *SMALL)
+    shots = os.environ.get("STALLFREE_LOCUST_SCREENSHOTS")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(web, timeout=1, trust_env=False)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and ui.poll() is None, "the Locust web UI did not start"
-                time.sleep(0.2)
         swarm = httpx.post(f"{web}/swarm", data={"user_count": 2, "spawn_rate": 2}, trust_env=False)
         assert swarm.json()["success"]
-        with sync_playwright() as p:
+        with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 700})
+            page = browser.new_page(viewport={"width": 1400, "height": 560})
             page.goto(web)
-            for name in ("TTFT", "TBT", "E2E", "output_tokens"):
-                page.get_by_role("cell", name=name, exact=True).wait_for(timeout=30_000)
-            if path := os.environ.get("STALLFREE_LOCUST_SCREENSHOT"):
-                page.wait_for_timeout(5000)  # a few seconds of statistics
-                page.screenshot(path=path)
+            page.get_by_role("cell", name="completions", exact=True).wait_for(timeout=30_000)
+            assert not {"TTFT", "TBT", "E2E", "output_tokens"} & set(table_rows(page))
+            if shots:
+                page.wait_for_timeout(25_000)  # a few windows of statistics
+                page.screenshot(path=str(Path(shots) / "locust_ui.png"))
+            page.get_by_role("tab", name="LLM").click()
+            page.get_by_role("cell", name="whole run", exact=True).wait_for(timeout=30_000)
+            deadline = time.monotonic() + 60
+            while float((run := table_rows(page)["whole run"])["ended/s"] or 0) == 0:
+                assert time.monotonic() < deadline, run
+                page.wait_for_timeout(500)
+            windows = [name for name in table_rows(page) if name != "whole run"]
+            assert windows and all(re.fullmatch(r"\d\d:\d\d:\d\d", name) for name in windows)
+            values = {title: float(text) for title, text in run.items() if title != "window from"}
+            assert values["ended/s"] > 0 and values["output tokens/s"] > 0 and 0 <= values["in flight"] <= 2
+            assert 0 < values["TTFT p50 (ms)"] <= values["TTFT p99 (ms)"]
+            assert 0 < values["TBT p50 (ms)"] <= values["TBT p99 (ms)"]
+            assert values["SLO met % (TBT ≤ 1000 ms)"] > 0  # conf/slo/relaxed.yaml: 25 x 40 ms
+            if shots:
+                page.screenshot(path=str(Path(shots) / "locust_llm_tab.png"))
             browser.close()
+        csv_lines = httpx.get(f"{web}/llm_stats/csv", trust_env=False).text.splitlines()
+        assert csv_lines[0].startswith("name,in_flight,ended,") and csv_lines[-1].startswith("whole run,")
     finally:
         ui.terminate()
         ui.wait(timeout=30)
