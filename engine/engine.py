@@ -96,7 +96,7 @@ class LLMEngine:
         if not token_ids:
             raise ValueError("prompt is empty")
         vocab = self.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
+        if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len} "

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-SERVER_KEYS = ("host", "port", "api_key", "max_waiting", "max_body_bytes", "served_model_name",
-               "timeout_graceful_shutdown", "log_level", "body_read_timeout_s", "header_read_timeout_s",
-               "timeout_keep_alive_s", "batch_history_max_records", "batch_history_max_age_s")
+SERVER_KEYS = ("host", "port", "api_key", "metrics_require_api_key", "max_waiting", "max_body_bytes",
+               "served_model_name", "timeout_graceful_shutdown", "log_level", "body_read_timeout_s",
+               "header_read_timeout_s", "timeout_keep_alive_s", "batch_history_max_records",
+               "batch_history_max_age_s")
 # Names the engine checks itself when it starts (their choices live with the code that uses them).
 MODEL_NAMES = ("dtype", "device", "attention_backend", "runner", "clock")
 

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException
 
 from engine import LLMEngine, SamplingParams
@@ -40,7 +41,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port
-    api_key: str | None = None  # required as "Authorization: Bearer <key>" on all but /health
+    api_key: str | None = None  # required as "Authorization: Bearer <key>" on /v1/*, /tokenize, /stallfree/*
+    metrics_require_api_key: bool = False  # ... and on /metrics (/health never needs it)
     max_waiting: int = 1024  # engine requests waiting to be scheduled; beyond: 429
     max_body_bytes: int = 1 << 20
     served_model_name: str | None = None  # default: the engine's model name
@@ -57,6 +59,8 @@ class ServerConfig:
         require(is_int(self.port) and 0 <= self.port <= 65535, "port", "in [0, 65535]", self.port)
         require(self.api_key is None or (isinstance(self.api_key, str) and bool(self.api_key)), "api_key",
                 "a non-empty string or null", self.api_key)
+        require(isinstance(self.metrics_require_api_key, bool), "metrics_require_api_key", "true or false",
+                self.metrics_require_api_key)
         for key in ("max_waiting", "max_body_bytes", "batch_history_max_records"):
             require(is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
         require(is_number(self.timeout_graceful_shutdown) and self.timeout_graceful_shutdown >= 0,
@@ -140,7 +144,7 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
     cfg.validate()
     engine = LLMEngine.from_kwargs(**(engine_kwargs or {}))
     model_name = cfg.served_model_name or engine.model_name
-    metrics = ServerMetrics(model_name)
+    metrics = ServerMetrics(model_name, engine.max_model_len)
     history = BatchHistory(cfg.batch_history_max_records, cfg.batch_history_max_age_s)
     st = ServerState(cfg, EngineLoop(engine, metrics, cfg.max_waiting, history), copy.deepcopy(engine.tokenizer),
                      engine.no_tokenizer_reason, model_name, engine.max_model_len, metrics, int(time.time()))
@@ -233,7 +237,10 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
     async def metrics_endpoint() -> Response:
         return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(RequestContextMiddleware, metrics=metrics, known_paths={r.path for r in app.routes},
-                       api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+    app.add_middleware(RequestContextMiddleware, api_key=cfg.api_key,
+                       metrics_require_api_key=cfg.metrics_require_api_key, max_body_bytes=cfg.max_body_bytes,
                        body_read_timeout_s=cfg.body_read_timeout_s)
+    # HTTP series per handler (route template; "none" for unknown paths), method and status (2xx, 4xx, ...)
+    # as vLLM's server has them, around the middleware above so that 401, 408, 413 and 500 count too.
+    Instrumentator(excluded_handlers=["^/metrics$", "^/health$"], registry=metrics.registry).instrument(app)
     return app

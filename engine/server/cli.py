@@ -21,9 +21,10 @@ Hydra overrides of conf/serve.yaml, e.g.
   stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000
   stallfree-serve model=path model.path=/ckpt/llama scheduler=vllm api_key=secret
 Groups: model (tiny, small, path), scheduler (vllm, orca, faster_transformer, sarathi, chunked_prefill).
-Server keys: host, port (0: a free port), api_key, max_waiting, max_body_bytes, served_model_name,
-timeout_graceful_shutdown, log_level, body_read_timeout_s, header_read_timeout_s, timeout_keep_alive_s,
-batch_history_max_records, batch_history_max_age_s. Prints a "ready" line once it listens; SIGTERM stops it."""
+Server keys: host, port (0: a free port), api_key, metrics_require_api_key, max_waiting, max_body_bytes,
+served_model_name, timeout_graceful_shutdown, log_level, body_read_timeout_s, header_read_timeout_s,
+timeout_keep_alive_s, batch_history_max_records, batch_history_max_age_s. Prints a "ready" line once it
+listens; SIGTERM stops it."""
 FLAGS = {"--api-key": "api_key", "--host": "host", "--port": "port"}
 
 

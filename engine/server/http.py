@@ -16,30 +16,37 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.server.metrics import ServerMetrics
 from engine.server.protocol import APIError
 
 logger = logging.getLogger("stallfree.server")
 T = TypeVar("T")
-UNAUTHENTICATED_PATHS = frozenset({"/health"})
+# Paths that need the API key (when there is one), each with everything below it; /health never does,
+# /metrics only with metrics_require_api_key. vLLM checks the key on /v1 alone.
+API_KEY_PREFIXES = ("/v1", "/tokenize", "/stallfree")
 
 
 class ClientDisconnected(Exception):
     """The client went away before the response was ready."""
 
 
-class RequestContextMiddleware:
-    """Outermost layer of the app: gives every request an ``x-request-id`` (also in
-    ``request.state.request_id``) and its arrival time (``request.state.arrival_time``), enforces the
-    API key, the body-size limit and the body-read timeout, counts responses per path and status, and
-    turns any unhandled exception into an OpenAI-style 500."""
+def needs_api_key(path: str, metrics_require_api_key: bool) -> bool:
+    if path == "/metrics":
+        return metrics_require_api_key
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in API_KEY_PREFIXES)
 
-    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, known_paths: set[str], api_key: str | None,
+
+class RequestContextMiddleware:
+    """Gives every request its id (``request.state.request_id``: the client's ``X-Request-Id`` as vLLM
+    takes it, else a new one; sent back as ``x-request-id``) and its arrival time
+    (``request.state.arrival_time``), enforces the API key, the body-size limit and the body-read
+    timeout, and turns any unhandled exception into an OpenAI-style 500. HTTP metrics come from the
+    prometheus-fastapi-instrumentator middleware around it."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, metrics_require_api_key: bool,
                  max_body_bytes: int, body_read_timeout_s: float):
         self.app = app
-        self.metrics = metrics
-        self.known_paths = known_paths
         self.api_key = api_key
+        self.metrics_require_api_key = metrics_require_api_key
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
 
@@ -47,34 +54,32 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = uuid.uuid4().hex
+        headers = Headers(scope=scope)
+        request_id = headers.get("x-request-id", "").strip() or uuid.uuid4().hex
         scope.setdefault("state", {}).update(request_id=request_id, arrival_time=time.time())
-        status = 0
+        raw_request_id = request_id.encode("latin-1")  # Starlette decodes header values as latin-1
+        started = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal started
             if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                started = True
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", raw_request_id)]
             await send(message)
 
         try:
-            if (error := self._reject(scope)) is not None:
+            if (error := self._reject(scope, headers)) is not None:
                 await error.response()(scope, receive, send_with_id)
             else:
                 await self.app(scope, self._limited(receive), send_with_id)
         except Exception:
             logger.exception("unhandled error in %s %s", scope["method"], scope["path"])
-            if status == 0:
+            if not started:
                 await APIError(500, "internal server error", type="server_error",
                                code="internal_error").response()(scope, receive, send_with_id)
-        finally:
-            path = scope["path"] if scope["path"] in self.known_paths else "other"
-            self.metrics.observe_http(path, status or 499)
 
-    def _reject(self, scope: Scope) -> APIError | None:
-        headers = Headers(scope=scope)
-        if self.api_key is not None and scope["path"] not in UNAUTHENTICATED_PATHS:
+    def _reject(self, scope: Scope, headers: Headers) -> APIError | None:
+        if self.api_key is not None and needs_api_key(scope["path"], self.metrics_require_api_key):
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
                 return APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",

@@ -7,6 +7,7 @@ sleeps on the condition (no busy spin).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class EngineLoop:
         self._commands: list[Submission | Abort] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._submissions = itertools.count()
         # engine-thread state
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._progress = True
@@ -89,9 +91,12 @@ class EngineLoop:
 
     async def submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str,
                      arrival_time: float) -> Submission:
-        """Queue the prompts as engine requests ``{request_id}-{i}``; returns once the engine thread
-        added them all. Raises QueueFull, ValueError (rejected by the engine) or EngineDead."""
-        sub = Submission([f"{request_id}-{i}" for i in range(len(prompts))], prompts, params, arrival_time,
+        """Queue the prompts as engine requests ``{request_id}-{i}-{n}``; returns once the engine thread
+        added them all. ``n`` numbers the submissions, so that requests with the same (client-chosen)
+        ``request_id`` in flight at once stay apart. Raises QueueFull, ValueError (rejected by the
+        engine) or EngineDead."""
+        n = next(self._submissions)
+        sub = Submission([f"{request_id}-{i}-{n}" for i in range(len(prompts))], prompts, params, arrival_time,
                          asyncio.get_running_loop())
         self._post(sub)
         try:
@@ -153,7 +158,7 @@ class EngineLoop:
     def _apply(self, command: Submission | Abort) -> None:
         if isinstance(command, Abort):
             if self._routes.pop(command.request_id, None) and (aborted := self.engine.abort(command.request_id)):
-                self.metrics.observe_finished(aborted.metrics, command.reason)
+                self.metrics.observe_finished(aborted, command.reason)
             return
         sub = command
         if self.engine.num_waiting + len(sub.request_ids) > self.max_waiting:

@@ -53,7 +53,8 @@ def check_unicode(text: str, param: str) -> str:
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
-    """FastAPI's body validation failure as an OpenAI-style 400 (bad JSON) or 422 (bad fields)."""
+    """FastAPI's validation failure (body or query) as an OpenAI-style 400, as vLLM answers it (never
+    FastAPI's 422); ``param`` names the first offending field."""
     first = exc.errors()[0]
     if first["type"] == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
@@ -65,7 +66,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
     code = "missing_field" if first["type"] == "missing" else \
         "invalid_type" if first["type"].endswith("_type") else "invalid_value"
-    return APIError(422, message, param=param, code=code)
+    return APIError(400, message, param=param, code=code)
 
 
 class _Model(BaseModel):

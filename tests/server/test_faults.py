@@ -23,47 +23,48 @@ from tests.server.helpers import (
 
 OK = {"prompt": "hi", "max_tokens": 2}
 BAD_REQUESTS = [
-    # (path, body: dict | raw str, status, error code, param)
+    # (path, body: dict | raw str, status, error code, param); field validation is a 400 as in vLLM (not
+    # FastAPI's 422)
     ("/v1/completions", "{not json", 400, "invalid_json", None),
     ("/v1/completions", '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", 400, "invalid_json", None),
     ("/v1/completions", '{"prompt": "x", "max_tokens": 1' + "0" * 5000 + "}", 400, "invalid_json", None),
-    ("/v1/completions", '{"prompt": "x", "temperature": NaN}', 422, "invalid_value", "temperature"),
-    ("/v1/completions", "", 422, "missing_field", None),
-    ("/v1/completions", "[1, 2]", 422, "invalid_type", None),
-    ("/v1/completions", {}, 422, "missing_field", "prompt"),
-    ("/v1/completions", {"prompt": 5}, 422, "invalid_type", "prompt"),
-    ("/v1/completions", {"prompt": [1, "a"]}, 422, "invalid_type", "prompt"),
-    ("/v1/completions", {"prompt": [[1], "a"]}, 422, "invalid_type", "prompt"),
-    ("/v1/completions", {"prompt": [-1]}, 422, "invalid_type", "prompt"),
+    ("/v1/completions", '{"prompt": "x", "temperature": NaN}', 400, "invalid_value", "temperature"),
+    ("/v1/completions", "", 400, "missing_field", None),
+    ("/v1/completions", "[1, 2]", 400, "invalid_type", None),
+    ("/v1/completions", {}, 400, "missing_field", "prompt"),
+    ("/v1/completions", {"prompt": 5}, 400, "invalid_type", "prompt"),
+    ("/v1/completions", {"prompt": [1, "a"]}, 400, "invalid_type", "prompt"),
+    ("/v1/completions", {"prompt": [[1], "a"]}, 400, "invalid_type", "prompt"),
+    ("/v1/completions", {"prompt": [-1]}, 400, "invalid_type", "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, "empty_prompt", "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "empty_prompt", "prompt"),
     ("/v1/completions", {"prompt": ["ok", ""]}, 400, "empty_prompt", "prompt"),
     ("/v1/completions", {"prompt": [5, 99999]}, 400, "invalid_value", None),
     ("/v1/completions", OK | {"model": "gpt-4"}, 404, "model_not_found", "model"),
-    ("/v1/completions", OK | {"max_tokens": 0}, 422, "invalid_value", "max_tokens"),
-    ("/v1/completions", OK | {"max_tokens": -5}, 422, "invalid_value", "max_tokens"),
-    ("/v1/completions", OK | {"max_tokens": "10"}, 422, "invalid_type", "max_tokens"),
-    ("/v1/completions", OK | {"max_tokens": 2.5}, 422, "invalid_type", "max_tokens"),
+    ("/v1/completions", OK | {"max_tokens": 0}, 400, "invalid_value", "max_tokens"),
+    ("/v1/completions", OK | {"max_tokens": -5}, 400, "invalid_value", "max_tokens"),
+    ("/v1/completions", OK | {"max_tokens": "10"}, 400, "invalid_type", "max_tokens"),
+    ("/v1/completions", OK | {"max_tokens": 2.5}, 400, "invalid_type", "max_tokens"),
     ("/v1/completions", OK | {"max_tokens": 10**12}, 400, "context_length_exceeded", "max_tokens"),
     ("/v1/completions", {"prompt": list(range(3, 2043)), "max_tokens": 10}, 400, "context_length_exceeded",
      "max_tokens"),
-    ("/v1/completions", OK | {"temperature": -0.5}, 422, "invalid_value", "temperature"),
-    ("/v1/completions", OK | {"temperature": 1e9}, 422, "invalid_value", "temperature"),
-    ("/v1/completions", OK | {"top_p": 0}, 422, "invalid_value", "top_p"),
-    ("/v1/completions", OK | {"top_p": 1.5}, 422, "invalid_value", "top_p"),
-    ("/v1/completions", OK | {"top_k": -2}, 422, "invalid_value", "top_k"),
-    ("/v1/completions", OK | {"seed": 2**70}, 422, "invalid_value", "seed"),
-    ("/v1/completions", OK | {"stream": "yes"}, 422, "invalid_type", "stream"),
-    ("/v1/completions", OK | {"stop": ""}, 422, "invalid_value", "stop"),
-    ("/v1/completions", OK | {"stop": ["x"] * 50}, 422, "invalid_value", "stop"),
-    ("/v1/completions", OK | {"stop": "x" * 5000}, 422, "invalid_value", "stop"),
-    ("/v1/completions", OK | {"n": 3}, 422, "invalid_value", "n"),
-    ("/v1/completions", OK | {"stream_options": {"include_usage": 1}}, 422, "invalid_type", "stream_options"),
+    ("/v1/completions", OK | {"temperature": -0.5}, 400, "invalid_value", "temperature"),
+    ("/v1/completions", OK | {"temperature": 1e9}, 400, "invalid_value", "temperature"),
+    ("/v1/completions", OK | {"top_p": 0}, 400, "invalid_value", "top_p"),
+    ("/v1/completions", OK | {"top_p": 1.5}, 400, "invalid_value", "top_p"),
+    ("/v1/completions", OK | {"top_k": -2}, 400, "invalid_value", "top_k"),
+    ("/v1/completions", OK | {"seed": 2**70}, 400, "invalid_value", "seed"),
+    ("/v1/completions", OK | {"stream": "yes"}, 400, "invalid_type", "stream"),
+    ("/v1/completions", OK | {"stop": ""}, 400, "invalid_value", "stop"),
+    ("/v1/completions", OK | {"stop": ["x"] * 50}, 400, "invalid_value", "stop"),
+    ("/v1/completions", OK | {"stop": "x" * 5000}, 400, "invalid_value", "stop"),
+    ("/v1/completions", OK | {"n": 3}, 400, "invalid_value", "n"),
+    ("/v1/completions", OK | {"stream_options": {"include_usage": 1}}, 400, "invalid_type", "stream_options"),
     ("/v1/completions", {"prompt": "x" * 2_000_000}, 413, "request_too_large", None),
-    ("/v1/chat/completions", {"messages": []}, 422, "invalid_value", "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 422, "invalid_value",
+    ("/v1/chat/completions", {"messages": []}, 400, "invalid_value", "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value",
      "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 422, "missing_field", "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "missing_field", "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}, 400,
      "context_length_exceeded", "max_tokens"),
     ("/tokenize", {}, 400, None, "prompt"),
@@ -102,11 +103,18 @@ def test_api_key(keyed_server):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
         r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, trust_env=False)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(f"{url}/metrics", headers=headers, trust_env=False).status_code == 401
+        for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
+                             ("GET", "/stallfree/batches")]:
+            assert httpx.request(method, f"{url}{path}", headers=headers, trust_env=False).status_code == 401
     good = {"Authorization": "Bearer s3cret"}
     assert httpx.post(f"{url}/v1/completions", json=body, headers=good, trust_env=False).status_code == 200
     assert httpx.get(f"{url}/v1/models", headers=good, trust_env=False).status_code == 200
+    assert httpx.post(f"{url}/tokenize", json={"prompt": "hi"}, headers=good, trust_env=False).status_code == 200
+    assert httpx.get(f"{url}/stallfree/batches", headers=good, trust_env=False).status_code == 200
+    # as in vLLM, /health and (unless metrics_require_api_key) /metrics are open; unknown paths are 404s
     assert httpx.get(f"{url}/health", trust_env=False).status_code == 200
+    assert httpx.get(f"{url}/metrics", trust_env=False).status_code == 200
+    assert httpx.get(f"{url}/nope", trust_env=False).status_code == 404
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret")
     assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):
@@ -134,8 +142,18 @@ def test_metrics_counters_match_requests(server, http):
     assert delta("vllm:e2e_request_latency_seconds_count") == 6
     assert delta("vllm:inter_token_latency_seconds_count") == sum(b["max_tokens"] - 1 for b in bodies)
     assert delta("stallfree:iteration_prefill_tokens_total") == sum(len(b["prompt"]) for b in bodies)
-    assert delta("stallfree:http_requests_total", path="/v1/completions", status_code="200") == 6
-    assert delta("stallfree:http_requests_total", path="/v1/completions", status_code="400") == 1
+    assert delta("vllm:iteration_tokens_total_sum") == delta("stallfree:iteration_prefill_tokens_total") \
+        + delta("stallfree:iteration_decode_tokens_total")
+    assert delta("vllm:iteration_tokens_total_count") == delta("stallfree:iterations_total") > 0
+    for phase in ("prefill", "decode", "inference"):
+        assert delta(f"vllm:request_{phase}_time_seconds_count") == 6
+    assert delta("vllm:request_generation_tokens_sum") == sum(b["max_tokens"] for b in bodies)
+    # HTTP series from prometheus-fastapi-instrumentator; the scrapes themselves are not counted
+    requests = {"handler": "/v1/completions", "method": "POST"}
+    assert delta("http_requests_total", **requests, status="2xx") == 6
+    assert delta("http_requests_total", **requests, status="4xx") == 1
+    assert delta("http_request_duration_seconds_count", **requests) == 7
+    assert delta("http_requests_total", handler="/metrics") == 0
     for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert (gauge, (("model_name", "tiny"),)) in after
 

@@ -55,6 +55,7 @@ def test_stop_string_filter_holds_back_possible_prefixes():
     (["model.skip_tokenizer_init=maybe"], "model.skip_tokenizer_init must be true or false"),
     (["body_read_timeout_s=0"], "body_read_timeout_s must be a number > 0"),
     (["batch_history_max_records=0"], "batch_history_max_records"),
+    (["metrics_require_api_key=maybe"], "metrics_require_api_key must be true or false"),
 ])
 def test_cli_bad_values_exit_2_with_one_line(args, message, capsys):
     assert main(args) == 2
@@ -65,7 +66,7 @@ def test_cli_bad_values_exit_2_with_one_line(args, message, capsys):
 def test_cli_ready_line_and_sigterm():
     exe = Path(sys.executable).with_name("stallfree-serve")
     proc = subprocess.Popen([str(exe), "port=0", "model.dtype=float32", "model.kv_memory_gib=0.01",
-                             "--api-key", "k"], stdout=subprocess.PIPE,
+                             "--api-key", "k", "metrics_require_api_key=true"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:
         line = proc.stdout.readline()
@@ -73,6 +74,8 @@ def test_cli_ready_line_and_sigterm():
         url = line.split()[2]
         assert httpx.get(f"{url}/health", trust_env=False).status_code == 200
         assert httpx.get(f"{url}/v1/models", trust_env=False).status_code == 401
+        assert httpx.get(f"{url}/metrics", trust_env=False).status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer k"}, trust_env=False).status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert "stopped" in proc.stdout.read() and "Traceback" not in proc.stderr.read()
