@@ -101,7 +101,7 @@ FETCH_SCRIPT = ("import sys, time, urllib.request; t = time.perf_counter(); "
 
 async def fetch_history(client: httpx.AsyncClient, soak: Soak) -> None:
     fetch = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FETCH_SCRIPT, f"{client.base_url}stallfree/batches?since=0",
+        sys.executable, "-c", FETCH_SCRIPT, f"{str(client.base_url).rstrip('/')}/stallfree/batches?since=0",
         stdout=asyncio.subprocess.PIPE)
     done = asyncio.ensure_future(fetch.communicate())
     while not done.done():

@@ -51,8 +51,8 @@ class ServerConfig:
     body_read_timeout_s: float = 30.0  # a body not complete this long after its request arrived: 408
     header_read_timeout_s: float = 10.0  # request line + headers must arrive within this of the first byte
     timeout_keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    batch_history_max_records: int = 50_000  # BatchRecords kept for GET /stallfree/batches (~700 B RSS each)
-    batch_history_max_age_s: float = 900.0  # ... and none that started longer than this before the newest
+    batch_history_max_records: int = 10_000  # BatchRecords kept for GET /stallfree/batches (~700 B RSS each)
+    batch_history_max_age_s: float = 300.0  # ... and none that started longer than this before the newest
 
     def validate(self) -> None:
         require(isinstance(self.host, str) and bool(self.host), "host", "a non-empty string", self.host)

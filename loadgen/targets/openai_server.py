@@ -14,6 +14,7 @@ from loadgen.bench_config import model_vocab_size
 from loadgen.openloop import run_open_loop_sync
 from loadgen.records import RequestRecord
 from loadgen.targets.base import Progress, Replay
+from loadgen.targets.batch_poller import BatchPoller
 from loadgen.targets.serve_process import ServeProcess
 from loadgen.workload import RequestSpec
 
@@ -63,9 +64,12 @@ class HttpTarget(_OpenLoopHttpTarget):
         self.url, self.engine_pid = self.server.url, self.server.process.pid
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
-        start = time.time()
-        records = self.send(specs, warmup=warmup, progress=progress)
-        return Replay(records, self.server.batches_since(start))
+        poller = BatchPoller(self.url, since=time.time())
+        try:
+            records = self.send(specs, warmup=warmup, progress=progress)
+        finally:
+            batches = poller.stop()
+        return Replay(records, batches)
 
     def close(self) -> None:
         self._resources.close()

@@ -81,12 +81,6 @@ class ServeProcess:
         raise RuntimeError(f"stallfree-serve did not answer on {self.url} within {self.startup_timeout_s} s "
                            f"(log: {self.log_path})")
 
-    def batches_since(self, start: float) -> list[dict]:
-        """The server's engine iterations since ``start`` (GET /stallfree/batches)."""
-        response = httpx.get(f"{self.url}/stallfree/batches", params={"since": start}, timeout=60)
-        response.raise_for_status()
-        return response.json()["batches"]
-
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
