@@ -13,7 +13,7 @@ $(BIN)/python:
 
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,launchers]'
 	@# Optional: the triton backend's kernel tests run under Triton's CPU interpreter where it installs.
 	-$(BIN)/pip install -q 'triton==3.9.0'
 

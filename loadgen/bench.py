@@ -1,4 +1,5 @@
-"""``stallfree-bench``: the Hydra app that runs one measured point per job (sweeps with ``-m``).
+"""``stallfree-bench``: the Hydra app that runs one measured point per job (sweeps with ``-m``, or
+``+experiment=NAME``: the presets set ``hydra.mode: MULTIRUN``).
 
 A job builds the workload from its config, replays it on the target (conf/target: ``inprocess``, an
 LLMEngine in this process; ``http``, a ``stallfree-serve`` it starts; ``url``, a running server;
@@ -7,7 +8,8 @@ LLMEngine in this process; ``http``, a ``stallfree-serve`` it starts; ``url``, a
 points such a run.
 
 Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
-server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job.
+server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job. Every run
+prints its place in the sweep and an ETA (loadgen.progress, a Hydra callback in conf/bench.yaml).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from omegaconf import DictConfig
 from loadgen.capacity import run_search
 from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, exit_on_config_error, validate_cli
 from loadgen.live_target import LiveTarget
-from loadgen.runner import repeat_configs, run_point
+from loadgen.runner import run_repeats
 
 PROG = "stallfree-bench"
 
@@ -41,8 +43,7 @@ def _app(cfg: DictConfig) -> None:
         if cfg.mode == "capacity":
             run_search(cfg, _targets)
         else:
-            for repeat_cfg in repeat_configs(cfg):
-                run_point(repeat_cfg, _targets)
+            run_repeats(cfg, _targets)
 
     try:
         exit_on_config_error(PROG, job)

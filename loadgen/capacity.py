@@ -14,6 +14,7 @@ slo_tbt_ms, capacity_qps (mean over repeats), capacity_ci_lo / capacity_ci_hi (i
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,10 +23,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from loadgen.bench_config import chunk_size
+from loadgen.experiment_lock import experiment_lock
 from loadgen.live_target import LiveTarget
 from loadgen.plan import plan_run
 from loadgen.results import make_run_id
-from loadgen.runner import repeat_configs, run_point
+from loadgen.runner import repeat_configs, repeat_part, run_point
 from loadgen.slo import resolve_slo
 from loadgen.stats import mean_interval
 
@@ -90,6 +92,21 @@ def search(measure: Callable[[float], Point], start_qps: float, min_qps: float, 
     return Search(lo or 0.0, lo, hi, points)
 
 
+def probes_left(points: list[Point], min_qps: float, max_qps: float, tolerance: float) -> int:
+    """An estimate of the probes a search that measured ``points`` still makes: the bisections a bracket
+    needs, plus, before there is one, the probe expected to close it."""
+    def bisections(lo: float, hi: float) -> int:
+        return max(0, math.ceil(math.log2((hi - lo) / (tolerance * lo))))
+
+    lo = max((p.qps for p in points if p.passed), default=None)
+    hi = min((p.qps for p in points if not p.passed), default=None)
+    if lo is not None and hi is not None:
+        return bisections(lo, hi)
+    if (lo is not None and lo >= max_qps) or (hi is not None and hi <= min_qps):
+        return 0
+    return (1 if points else 2) + bisections(1.0, 2.0)  # the next doubling / halving closes a bracket
+
+
 def point_from_summary(summary: dict, slo_tbt_ms: float, max_delay_ms: float) -> Point:
     p99, delay, failed = summary["p99_tbt_ms"], summary["median_scheduling_delay_ms"], summary["failed"]
     passed = (failed == 0 and p99 is not None and p99 <= slo_tbt_ms
@@ -111,19 +128,23 @@ def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
     return records
 
 
-def _search_one(cfg: DictConfig, targets: LiveTarget, slo: dict, max_delay_ms: float) -> Search:
-    """One search on the config's seed. A point whose run was disturbed (summary ``disturbed``: the
-    engine got too little CPU) is measured once more."""
-    c = cfg.capacity
+def _search_one(cfg: DictConfig, targets: LiveTarget, slo: dict, max_delay_ms: float, repeat: int) -> Search:
+    """One search on the seed of repeat ``repeat``. A point whose run was disturbed (summary
+    ``disturbed``: the engine got too little CPU) is measured once more."""
+    c, points = cfg.capacity, []
 
     def measure(qps: float) -> Point:
         point_cfg = cfg.copy()
         point_cfg.qps = qps
-        summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name)
+        share = (len(points) + 1) / (len(points) + probes_left(points, c.min_qps, c.max_qps, c.tolerance))
+        part = repeat_part(cfg, repeat, min(share, 1.0))
+        part.extras["qps"] = qps
+        summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name, part=part)
         if summary.get("disturbed"):
             print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
-            summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name, rerun=True)
+            summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name, rerun=True, part=part)
         point = point_from_summary(summary, slo["slo_tbt_ms"], max_delay_ms)
+        points.append(point)
         print(f"  qps {qps:g}: {'pass' if point.passed else 'fail'}", flush=True)
         return point
 
@@ -136,7 +157,8 @@ def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name
     slo = resolve_slo(cfg, exp_dir, targets)
     max_delay_ms = cfg.capacity.max_p50_scheduling_delay_s * 1e3
-    results = [_search_one(repeat_cfg, targets, slo, max_delay_ms) for repeat_cfg in repeat_configs(cfg)]
+    results = [_search_one(repeat_cfg, targets, slo, max_delay_ms, repeat)
+               for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
     interval = mean_interval([r.capacity_qps for r in results])
     first = results[0]
     plan = plan_run(cfg, capacity_slo=cfg.slo.name)
@@ -149,8 +171,9 @@ def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
               "points": [asdict(p) for r in results for p in r.points]}
     key = make_run_id({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg),
                        "slo": cfg.slo.name, "cfg": plan.digest})
-    _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
-    rebuild_capacity_json(exp_dir)
+    with experiment_lock(exp_dir):
+        _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
+        rebuild_capacity_json(exp_dir)
     bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
     spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
     print(f"[capacity] {cfg.scheduler.name} chunk_size={chunk_size(cfg)} slo={cfg.slo.name} "

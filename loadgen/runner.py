@@ -1,18 +1,22 @@
 """One measured point: plan it, replay its workload on the live target, write its run directory and
 rebuild the experiment's summary.parquet. A run whose directory already holds summary.json is read
-back instead (resume)."""
+back instead (resume); a directory without it (an interrupted write) is measured again. Jobs running
+in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.experiment_lock)."""
 from __future__ import annotations
 
 import json
+import time
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from loadgen.bench_config import section, workload_tokenizer
 from loadgen.cpu_share import CpuMonitor
+from loadgen.experiment_lock import experiment_lock
 from loadgen.live_target import LiveTarget
 from loadgen.metrics import summarize
 from loadgen.plan import RunPlan, plan_run
+from loadgen.progress import RunPart, current
 from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
 from loadgen.slo import resolve_slo
 from loadgen.workload import build_workload
@@ -42,21 +46,47 @@ def repeat_configs(cfg: DictConfig) -> list[DictConfig]:
     return configs
 
 
-def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False) -> dict:
+def repeat_part(repeat_cfg: DictConfig, repeat: int, share: float = 1.0) -> RunPart:
+    """The place in its job of a run of repeat ``repeat`` (a config of repeat_configs) that ends
+    ``share`` of the way through the repeat."""
+    extras = {"seed": int(repeat_cfg.seed)} if repeat_cfg.repeats > 1 else {}
+    return RunPart((repeat + share) / repeat_cfg.repeats, extras)
+
+
+def run_repeats(cfg: DictConfig, targets: LiveTarget) -> list[dict]:
+    """Measure every repeat of the config's point; return their summaries."""
+    return [run_point(repeat_cfg, targets, part=repeat_part(repeat_cfg, repeat))
+            for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
+
+
+def _read_summary(plan: RunPlan) -> dict:
+    return json.loads((plan.run_dir / "summary.json").read_text())
+
+
+def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
+              part: RunPart | None = None) -> dict:
     """Measure one point (or read it back when complete); return its summary. ``rerun``: measure it
-    again as a run of its own (loadgen.plan.plan_run)."""
+    again as a run of its own (loadgen.plan.plan_run). ``part``: its place in the job, for the progress
+    line (loadgen.progress)."""
+    started, progress = time.monotonic(), current()
     plan = plan_run(cfg, capacity_slo, rerun)
+    part = part or RunPart()
+    if rerun:
+        part = RunPart(part.done, {**part.extras, "rerun": 1})
+    point = {key: plan.params[key] for key in ("scheduler", "chunk_size", "qps") if plan.params[key] is not None}
     if is_complete(plan.run_dir):
-        summary = json.loads((plan.run_dir / "summary.json").read_text())
+        summary = _read_summary(plan)
         _report("cached", plan, summary)
+        progress.run_ended(point, part, time.monotonic() - started, cached=True)
         return summary
     slo = resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
     specs = build_workload(section(cfg, "arrival"), section(cfg.workload, "lengths"), cfg.num_requests,
                            cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
                            tokenizer=workload_tokenizer(cfg))
+    desc = f"[{progress.position()}{progress.eta()}] {plan.run_id}"
     with (CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share) as cpu,
-          tqdm(total=len(specs), desc=plan.run_id[:60], unit="req", leave=False, disable=None) as bar):
+          tqdm(total=len(specs), desc=desc[:80], unit="req", leave=False, disable=None) as bar):
         replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
     if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
         raise KeyboardInterrupt(f"{plan.run_id} was interrupted; nothing recorded")
@@ -64,9 +94,14 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
                **(cpu.report.as_summary() if cpu.report else {"disturbed": None})}
-    run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
-                        requests=replay.records, summary=summary, batches=replay.batches)
-    target.finalize(run_dir)
-    rebuild_experiment_summary(plan.exp_dir)
+    with experiment_lock(plan.exp_dir):
+        if is_complete(plan.run_dir):  # a parallel job measured the same point first: keep its run
+            summary = _read_summary(plan)
+        else:
+            run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
+                                requests=replay.records, summary=summary, batches=replay.batches)
+            target.finalize(run_dir)
+        rebuild_experiment_summary(plan.exp_dir)
     _report("done", plan, summary)
+    progress.run_ended(point, part, time.monotonic() - started, cached=False)
     return summary

@@ -142,3 +142,23 @@ def test_simulated_sweep_on_a_virtual_clock(tmp_path):
     assert sorted(s["scheduler"] for s in summaries) == ["sarathi", "vllm"]
     for s in summaries:
         assert s["completed"] == 2000 and s["duration"] >= 2000 / 200 * 0.8  # simulated seconds
+
+
+@pytest.mark.slow
+def test_a_preset_sweeps_without_m_and_prints_each_runs_place(tmp_path):
+    """conf/experiment presets set hydra.mode: MULTIRUN; the command line's values override the preset's
+    sweep (pareto: 5 policies x 2 chunk sizes x 4 loads, here 2 policies x 1 x 2)."""
+    args = ["+experiment=pareto", "scheduler=vllm,sarathi", "chunk_size=64", "qps=4,8", "model.runner=simulated",
+            "model.clock=virtual", "num_requests=4", f"results_dir={tmp_path}"]
+    done = bench(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert len(run_dirs(tmp_path / "pareto")) == 4 and done.stdout.count("[done]") == 4
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[") and "/4]" in line]
+    assert [line.split(" done in ")[0] for line in lines] == [
+        "[1/4] scheduler=vllm qps=4", "[2/4] scheduler=vllm qps=8",
+        "[3/4] scheduler=sarathi qps=4", "[4/4] scheduler=sarathi qps=8"]
+    assert all(", ETA " in line for line in lines[:3])
+
+    again = bench(["-m", *args], tmp_path)  # -m still works; a finished sweep is read back
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("[cached]") == 4 and "[4/4] scheduler=sarathi qps=8 cached" in again.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.capacity import Point, point_from_summary, search
+from loadgen.capacity import Point, point_from_summary, probes_left, search
 
 BIN = Path(sys.executable).parent
 
@@ -38,6 +38,20 @@ def test_search_brackets_then_bisects_to_tolerance(capacity):
     assert result.capacity_qps == result.lo_qps
     assert [p.qps for p in result.points] == calls and len(set(calls)) == len(calls)
     assert_monotone(result.points, result.lo_qps, result.hi_qps)
+
+
+@pytest.mark.parametrize("capacity", [0.3, 3.7, 100.0, 1e9])
+def test_probes_left_is_zero_at_the_end_and_covers_the_bisection(capacity):
+    """The estimate behind a capacity search's ETA: at least one probe while the search goes on, none
+    once it has stopped, and, from the bracket on, never fewer than it really makes."""
+    bounds = {"min_qps": 0.05, "max_qps": 256.0, "tolerance": 0.1}
+    points = search(synthetic(capacity, []), start_qps=1.0, **bounds).points
+    assert probes_left([], **bounds) >= 2 and probes_left(points, **bounds) == 0
+    for measured in range(1, len(points)):
+        estimate = probes_left(points[:measured], **bounds)
+        assert estimate >= 1
+        if any(p.passed for p in points[:measured]) and not all(p.passed for p in points[:measured]):
+            assert estimate >= len(points) - measured
 
 
 def test_search_reports_unbracketed_bounds():
@@ -98,10 +112,11 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     from engine.hydra_groups import CONF_DIR
     from loadgen import capacity
 
-    capacities, calls = {0: 4.0, 1: 6.0}, []
+    capacities, calls, parts = {0: 4.0, 1: 6.0}, [], []
 
-    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False):
+    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None):
         calls.append((cfg.seed, cfg.qps, rerun))
+        parts.append((cfg.seed, cfg.qps, part))
         passed = cfg.qps <= capacities[cfg.seed]
         return {"qps": cfg.qps, "run_id": f"s{cfg.seed}-q{cfg.qps}-r{rerun}", "failed": 0,
                 "p99_tbt_ms": 10.0 if passed else 1e6, "median_scheduling_delay_ms": 0.0,
@@ -115,6 +130,8 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
                                 f"results_dir={tmp_path}"])
     record = capacity.run_search(cfg, targets=None)
     assert [seed for seed, qps, rerun in calls if rerun] == [0] and (0, 2.0, True) in calls
+    for seed, qps, part in parts:  # each probe's place in the job: its repeat's half, named by seed and qps
+        assert part.extras == {"seed": seed, "qps": qps} and seed / 2 < part.done <= (seed + 1) / 2
     lo, hi = record["capacity_qps_repeats"]
     assert 3.8 <= lo <= 4.0 and 5.7 <= hi <= 6.0
     assert record["capacity_qps"] == pytest.approx((lo + hi) / 2)
