@@ -115,7 +115,9 @@ class InProcessTarget:
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
         self.vocab_size = model_vocab_size(cfg)
-        self.engine_pid = os.getpid()
+        # On a virtual clock the run's times do not depend on the CPU it gets: nothing to measure.
+        virtual = cfg.model.runner == "simulated" and cfg.model.clock == "virtual"
+        self.engine_pid = None if virtual else os.getpid()
         self.timeout_s = cfg.target.timeout_s
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
