@@ -25,10 +25,10 @@ import torch
 from safetensors.torch import save_file
 
 from engine import LLM, SamplingParams
+from engine.model.presets import SHAPE_PRESETS
 from engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
-MISTRAL_7B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                  num_key_value_heads=8, vocab_size=32000, max_position_embeddings=8192)
+MISTRAL_7B = SHAPE_PRESETS["mistral-7b-shape"]
 SMOKE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=2048, max_position_embeddings=8192)
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
