@@ -150,6 +150,8 @@ def _composition_error(e: Exception) -> ConfigError:
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return ConfigError(f"{group}: unknown option {option!r} (choose from: {', '.join(e.options)})")
+    if str(e).startswith("Error merging override") and e.__cause__ is not None:  # the cause names key and value
+        return ConfigError(f"{str(e).split()[-1]}: {str(e.__cause__).splitlines()[0]}")
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     match = re.match(r"Could not override '([^']+)'", lines[0]) if lines else None
     if match and len(lines) > 1 and lines[1].startswith("To append"):
@@ -165,7 +167,9 @@ def validate_cli(argv: Sequence[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="stallfree-bench"):
         try:
             cli = _overrides(argv)
-            preset = OmegaConf.select(compose(CONFIG_NAME, _variants(cli)[0], return_hydra_config=True),
+            # Hydra checks its own launcher choice and keys when they compose with its config.
+            launcher = [a for a in argv if a.lstrip("+~").startswith(("hydra/launcher=", "hydra.launcher."))]
+            preset = OmegaConf.select(compose(CONFIG_NAME, _variants(cli)[0] + launcher, return_hydra_config=True),
                                       "hydra.sweeper.params") or {}
             cli_keys = {o.split("=", 1)[0].lstrip("+~") for o in cli}
             swept = [f"{key}={value}" for key, value in preset.items() if key not in cli_keys]

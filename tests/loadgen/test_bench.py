@@ -119,6 +119,9 @@ def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
     (["target=url"], "target.url is required"),
     (["arrival=trace", "arrival.name=/no/such.csv"], "arrival.name: trace name '/no/such.csv'"),
     (["qps=[1"], "qps=[1: "),
+    (["-m", "qps=1,2", "hydra/launcher=nope"], "hydra/launcher: unknown option 'nope'"),
+    (["-m", "qps=1,2", "hydra/launcher=local_parallel", "hydra.launcher.n_jobs=two"],
+     "hydra.launcher.n_jobs=two: Value 'two'"),
 ])
 def test_validate_cli_checks_every_swept_value(args, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
