@@ -75,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         f"scheduler={engine_kwargs['scheduler']} chunk_size={engine_kwargs['chunk_size']}", flush=True))
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown) and re-raises the signal afterwards:
     # these no-op handlers make that re-raise end in a clean exit 0 instead of a kill or a traceback.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run()
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:  # main() called in a process that goes on (tests) gets its handlers back
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print("stallfree-serve: stopped", flush=True)
     return 0
 

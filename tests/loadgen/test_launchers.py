@@ -64,7 +64,7 @@ def results(exp_dir: Path) -> dict:
             config.pop("chunk_size")       # this run, and the one that ends first writes its config.yaml
         runs[d.name] = {"files": sorted(p.name for p in d.iterdir()), "config": config,
                         "summary": {k: v for k, v in summary.items() if k not in MACHINE_FIELDS}}
-    table = pd.read_parquet(exp_dir / "summary.parquet").drop(columns=sorted(MACHINE_FIELDS))
+    table = pd.read_parquet(exp_dir / "summary.parquet").drop(columns=sorted(MACHINE_FIELDS), errors="ignore")
     rows = table.astype(object).where(table.notna(), None).sort_values("run_id").to_dict("records")
     return rounded({"runs": runs, "summary.parquet": rows,
                     "capacity.json": json.loads((exp_dir / "capacity.json").read_text())})
