@@ -85,10 +85,15 @@ def test_cancel_returns_a_row_for_every_spec(fake_url):
 
 
 def test_ctrl_c_stops_the_sync_run_cleanly(fake_url):
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    rows = run_open_loop_sync(fake_url, specs_at([0.0, 30.0], max_tokens=400), model="fake", timeout_s=10)
-    timer.join()
+    # Ctrl-C as at a terminal: Python's own SIGINT handler, whatever earlier code in this process set.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        rows = run_open_loop_sync(fake_url, specs_at([0.0, 30.0], max_tokens=400), model="fake", timeout_s=10)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [(r.status, r.error) for r in rows] == [("aborted", "cancelled while in flight"),
                                                          ("aborted", "not sent")]
 
