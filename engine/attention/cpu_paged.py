@@ -1,42 +1,60 @@
-"""CPU backend: the SDPA backend, with decode attention read in place from the paged cache by a native kernel.
+"""CPU backend: one native kernel call per layer attends the whole batch (decodes and prefill chunks),
+reading K/V in place from the paged cache.
 
-At batch 32 and 600-token contexts the portable decode path spends ~60% of its attention time
-gathering blocks into a contiguous copy; the kernel reads each block where it lies instead.
+The portable path gathers each sequence's blocks into a contiguous copy (~60% of decode attention at
+batch 32 and 600-token contexts) and, for a chunk with cached context, runs SDPA with an explicit
+mask, which CPU builds of torch compute without their flash kernel (~90 GFLOP/s on a bf16 machine at
+128 queries x 1500 keys). The kernel reads each block where it lies and masks causally by position.
 """
 from __future__ import annotations
 
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.native import HEAD_DIMS, KERNEL_NAMES, load_paged_decode
-from engine.attention.sdpa import SDPAAttention
+from engine.attention.native import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_paged_attention
 
 
 def cpu_paged_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    return (device.type == "cpu" and dtype in KERNEL_NAMES and head_dim in HEAD_DIMS
-            and load_paged_decode() is not None)
+    return (device.type == "cpu" and dtype in KERNEL_SUFFIXES and head_dim % HEAD_DIM_MULTIPLE == 0
+            and load_paged_attention() is not None)
 
 
-class CPUPagedAttention(SDPAAttention):
+class CPUPagedAttention:
+    """Cache layout per layer: ``[num_kv_heads, num_blocks, block_size, head_dim]`` for V; K has the same
+    shape but each block holds its keys transposed (``k_cache.view(Hkv, num_blocks, head_dim, block_size)``),
+    so the kernel's Q.K^T loads run along the keys. Reads ``meta.query_start_loc``, ``meta.seq_lens`` and
+    ``meta.block_tables``."""
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, dtype: torch.dtype):
-        super().__init__(num_heads, num_kv_heads, head_dim, scale)
-        if dtype not in KERNEL_NAMES or head_dim not in HEAD_DIMS:
-            raise ValueError(f"model.attention_backend='cpu_paged' supports dtypes {sorted(map(str, KERNEL_NAMES))} "
-                             f"and head dims {HEAD_DIMS}, not {dtype} with head_dim {head_dim}; use 'sdpa'")
-        lib = load_paged_decode()
+        if dtype not in KERNEL_SUFFIXES or head_dim % HEAD_DIM_MULTIPLE:
+            raise ValueError(f"model.attention_backend='cpu_paged' supports dtypes {sorted(map(str, KERNEL_SUFFIXES))} "
+                             f"and head dims that are multiples of {HEAD_DIM_MULTIPLE}, not {dtype} with head_dim "
+                             f"{head_dim}; use 'sdpa'")
+        lib = load_paged_attention()
         if lib is None:
             raise ValueError("model.attention_backend='cpu_paged' needs a C++ compiler to build its kernel "
                              "(see the log); use 'sdpa'")
-        self.kernel = getattr(lib, KERNEL_NAMES[dtype])
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.attention = getattr(lib, f"paged_attention_{KERNEL_SUFFIXES[dtype]}")
+        self.write_cache = getattr(lib, f"write_cache_{KERNEL_SUFFIXES[dtype]}")
 
-    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        nd = q.shape[0]
-        out = torch.empty(nd, self.num_heads, self.head_dim, dtype=q.dtype)
-        tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        return (self.num_kv_heads, num_blocks, block_size, self.head_dim)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        # q: [T, H, D]; k, v: [T, Hkv, D], each head's D contiguous (token strides may differ)
+        assert q.stride(2) == k.stride(2) == v.stride(2) == 1 and k.stride(1) == v.stride(1) == self.head_dim
         _, num_blocks, block_size, _ = k_cache.shape
-        status = self.kernel(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                             tables.data_ptr(), tables.shape[1], lens.data_ptr(), out.data_ptr(), nd, self.num_heads,
-                             self.num_kv_heads, self.head_dim, num_blocks, block_size, self.scale,
-                             torch.get_num_threads())
-        assert status == 0, f"paged-decode kernel has no instantiation for head_dim {self.head_dim}"
-        return out
+        threads = torch.get_num_threads()
+        num_tokens = q.shape[0]
+        self.write_cache(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                         meta.slot_mapping.data_ptr(), num_tokens, self.num_kv_heads, self.head_dim, num_blocks,
+                         block_size, threads)
+        out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype)
+        tables = meta.block_tables
+        self.attention(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                       tables.data_ptr(), tables.stride(0), meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(),
+                       meta.seq_lens.shape[0], out.data_ptr(), self.num_heads, self.num_kv_heads, self.head_dim,
+                       num_blocks, block_size, self.scale, threads)
+        return out.view(num_tokens, -1)

@@ -2,7 +2,7 @@
 
 The shared library is compiled once per source, flags and CPU (``-march=native``) into the preset
 cache folder and loaded with ctypes; no torch headers are needed, so a build takes seconds. Where no
-compiler works, ``load_paged_decode`` returns None and the caller keeps the portable path.
+compiler works, ``load_paged_attention`` returns None and the caller keeps the portable path.
 """
 from __future__ import annotations
 
@@ -23,15 +23,17 @@ from engine.model.presets import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-# -ffast-math: vectorized fp32 reductions need reassociation and exp needs glibc's vector variants;
-# the kernel only ever reads the finite keys of each sequence (no -inf masking).
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-ffast-math"]
-HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the kernel's compile-time instantiations
-KERNEL_NAMES = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
-_ARGTYPES = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-              ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
-             + [ctypes.c_float, ctypes.c_int])
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "paged_attention.cpp"  # includes the other files of csrc/
+# -ffast-math: vectorized fp32 reductions need reassociation; the kernel masks with finite values only.
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-ffast-math", "-std=c++17", "-Wno-psabi"]
+HEAD_DIM_MULTIPLE = 16  # the kernel's vectors run along head_dim in steps of 16 floats
+KERNEL_SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+ARGTYPES = {  # keep in sync with DEFINE_KERNELS in csrc/paged_attention.cpp
+    "paged_attention": [_P, _I, _I, _P, _P, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, ctypes.c_int],
+    "write_cache": [_P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int],
+}
 
 
 def _cpu_signature() -> str:
@@ -43,10 +45,12 @@ def _cpu_signature() -> str:
 
 
 def _build(compiler: str) -> Path:
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, *FLAGS, _cpu_signature()]).encode())
-    target = cache_root() / "kernels" / f"paged_decode-{key.hexdigest()[:16]}.so"
+    sources = [path.read_text() for path in sorted(CSRC.iterdir()) if path.is_file()]
+    key = hashlib.sha256("\n".join([*sources, compiler, *FLAGS, _cpu_signature()]).encode())
+    target = cache_root() / "kernels" / f"{SOURCE.stem}-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
+    log.info("building the native paged-attention kernel into %s (once per source and CPU)", target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -59,19 +63,20 @@ def _build(compiler: str) -> Path:
 
 
 @functools.cache
-def load_paged_decode() -> ctypes.CDLL | None:
-    """The compiled paged-decode library, or None (with a warning) when it cannot be built here."""
+def load_paged_attention() -> ctypes.CDLL | None:
+    """The compiled paged-attention library, or None (with a warning) when it cannot be built here."""
     compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
     if compiler is None:
-        log.warning("no C++ compiler found; CPU decode attention uses the portable gather path")
+        log.warning("no C++ compiler found; CPU attention uses the portable gather path")
         return None
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
-        log.warning("building the native paged-decode kernel failed; using the portable path: %s", detail)
+        log.warning("building the native paged-attention kernel failed; using the portable path: %s", detail)
         return None
-    for name in KERNEL_NAMES.values():
-        getattr(lib, name).argtypes = _ARGTYPES
-        getattr(lib, name).restype = ctypes.c_int
+    for name, argtypes in ARGTYPES.items():
+        for suffix in KERNEL_SUFFIXES.values():
+            getattr(lib, f"{name}_{suffix}").argtypes = argtypes
+            getattr(lib, f"{name}_{suffix}").restype = ctypes.c_int
     return lib

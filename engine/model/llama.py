@@ -74,13 +74,13 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def qkv(self, x, cos_sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rotated q [T, H, D], k [T, Hkv, D] and v [T, Hkv, D] of the normalized input."""
+    def forward(self, x, cos_sin, attn_backend, kv_cache, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin), v
+        q, k = apply_rotary(q, cos_sin), apply_rotary(k, cos_sin)
+        return self.o_proj(attn_backend(q, k, v, kv_cache[0], kv_cache[1], meta))
 
 
 class MLP(nn.Module):
@@ -102,16 +102,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos_sin, attn_backend, kv_cache, meta: AttentionMetadata):
-        q, k, v = self.before_attention(x, cos_sin)
-        return self.after_attention(x, attn_backend(q, k, v, kv_cache[0], kv_cache[1], meta))
-
-    # The layer's work outside attention, in two regions that ``compile_layers`` hands to torch.compile.
-    def before_attention(self, x, cos_sin):
-        return self.self_attn.qkv(self.input_layernorm(x), cos_sin)
-
-    def after_attention(self, x, attn_out):
-        x = x + self.self_attn.o_proj(attn_out)
+    def forward(self, x, cos_sin, attn_backend, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_backend, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

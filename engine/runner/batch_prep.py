@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -26,22 +27,25 @@ class HostBatch:
 
 
 def prepare_host_batch(units: list[ScheduledUnit], block_size: int) -> HostBatch:
-    num_new = np.array([u.num_new_tokens for u in units], dtype=np.int64)
-    computed = np.array([u.num_computed_tokens for u in units], dtype=np.int64)
-    query_start_loc = np.concatenate(([0], np.cumsum(num_new)))
-    num_blocks = np.array([len(u.block_table) for u in units], dtype=np.int64)
+    # One Python pass over the units for their scalars; token ids and block ids are read by np.fromiter.
+    per_unit = np.fromiter(chain.from_iterable(
+        (len(u.token_ids), u.num_computed_tokens, len(u.block_table), u.samples, u.is_prefill) for u in units),
+        dtype=np.int64, count=5 * len(units)).reshape(-1, 5)
+    num_new, computed, num_blocks, samples, is_prefill = per_unit.T
+    num_tokens = int(num_new.sum())
+    query_start_loc = np.zeros(len(units) + 1, dtype=np.int64)
+    np.cumsum(num_new, out=query_start_loc[1:])
     block_tables = np.zeros((len(units), int(num_blocks.max(initial=0))), dtype=np.int64)
-    for row, u in enumerate(units):
-        block_tables[row, :len(u.block_table)] = u.block_table
+    block_tables[np.arange(block_tables.shape[1]) < num_blocks[:, None]] = np.fromiter(
+        chain.from_iterable(u.block_table for u in units), dtype=np.int64, count=int(num_blocks.sum()))
     unit_of_token = np.repeat(np.arange(len(units)), num_new)
-    positions = np.arange(int(query_start_loc[-1])) - query_start_loc[unit_of_token] + computed[unit_of_token]
+    positions = np.arange(num_tokens) - query_start_loc[unit_of_token] + computed[unit_of_token]
     slot_mapping = block_tables[unit_of_token, positions // block_size] * block_size + positions % block_size
-    samples = np.array([u.samples for u in units], dtype=bool)
     return HostBatch(
-        input_ids=np.concatenate([np.asarray(u.token_ids, dtype=np.int64) for u in units]),
+        input_ids=np.fromiter(chain.from_iterable(u.token_ids for u in units), dtype=np.int64, count=num_tokens),
         positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
         seq_lens=computed + num_new, block_tables=block_tables, num_blocks=num_blocks,
-        logits_indices=query_start_loc[1:][samples] - 1, num_decodes=sum(not u.is_prefill for u in units))
+        logits_indices=query_start_loc[1:][samples.astype(bool)] - 1, num_decodes=len(units) - int(is_prefill.sum()))
 
 
 def to_device(batch: HostBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
@@ -52,18 +56,18 @@ def to_device(batch: HostBatch, device: torch.device) -> tuple[torch.Tensor, tor
                                             batch.query_start_loc, batch.seq_lens, batch.logits_indices)))
     flat = flat.to(device, non_blocking=True)
     tables = torch.from_numpy(batch.block_tables).to(device, non_blocking=True)
-    input_ids, positions, slot_mapping, rest = flat.split([num_tokens] * 3 + [len(flat) - 3 * num_tokens])
     num_seqs = len(batch.seq_lens)
-    query_start_loc, seq_lens, logits_indices = rest.split([num_seqs + 1, num_seqs, len(batch.logits_indices)])
-    starts, num_new = batch.query_start_loc[:-1].tolist(), np.diff(batch.query_start_loc).tolist()
-    context_lens = (batch.seq_lens - np.diff(batch.query_start_loc)).tolist()
-    prefills = [PrefillSeq(starts[row], num_new[row], context_lens[row], tables[row, :batch.num_blocks[row]])
-                for row in range(nd, num_seqs)]
+    input_ids, positions, slot_mapping, query_start_loc, seq_lens, logits_indices = flat.split(
+        [num_tokens] * 3 + [num_seqs + 1, num_seqs, len(batch.logits_indices)])
+    num_new = np.diff(batch.query_start_loc)
+    prefill_rows = zip(batch.query_start_loc[nd:-1].tolist(), num_new[nd:].tolist(),
+                       (batch.seq_lens - num_new)[nd:].tolist(), batch.num_blocks[nd:].tolist(), strict=True)
+    prefills = [PrefillSeq(start, n, context_len, tables[row, :nb])
+                for row, (start, n, context_len, nb) in enumerate(prefill_rows, start=nd)]
     meta = AttentionMetadata(
         slot_mapping=slot_mapping, num_decodes=nd, prefills=prefills,
-        # contiguous: the native CPU kernel takes the row stride to be the width.
-        decode_block_tables=tables[:nd, :int(batch.num_blocks[:nd].max())].contiguous() if nd else None,
+        decode_block_tables=tables[:nd, :int(batch.num_blocks[:nd].max())] if nd else None,
         decode_seq_lens=seq_lens[:nd] if nd else None,
         query_start_loc=query_start_loc, seq_lens=seq_lens, block_tables=tables,
-        max_query_len=max(num_new, default=0), max_seq_len=int(batch.seq_lens.max(initial=0)))
+        max_query_len=int(num_new.max(initial=0)), max_seq_len=int(batch.seq_lens.max(initial=0)))
     return input_ids, positions, meta, logits_indices

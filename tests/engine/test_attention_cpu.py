@@ -1,77 +1,124 @@
-"""The native CPU decode kernel against the portable gather path, and backend selection."""
+"""The native CPU paged-attention kernel (decodes and prefill chunks with context) against a float64
+reference, and backend selection."""
 import shutil
 
 import pytest
 import torch
 
-from engine.attention import (
-    AttentionMetadata,
-    CPUPagedAttention,
-    SDPAAttention,
-    make_attention_backend,
-    native,
-)
+from engine.attention import CPUPagedAttention, SDPAAttention, make_attention_backend, native
+from engine.attention.metadata import bottom_right_causal_mask
+from engine.request import SamplingParams
+from engine.runner.batch_prep import prepare_host_batch, to_device
+from engine.scheduler.output import ScheduledUnit
 
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                                     reason="no C++ compiler to build the kernel")
 
 
-def decode_batch(seq_lens, num_kv_heads, head_dim, block_size, dtype, seed=0):
-    """Caches filled with random K/V, and shuffled, padded block tables for ``seq_lens``."""
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = -(-max(seq_lens) // block_size)
-    num_blocks = len(seq_lens) * max_blocks + 3
-    shape = (num_kv_heads, num_blocks, block_size, head_dim)
-    k_cache, v_cache = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
-    blocks = torch.randperm(num_blocks, generator=g)
-    tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.long)
-    for i, length in enumerate(seq_lens):
-        n = -(-length // block_size)
-        tables[i, :n] = blocks[i * max_blocks:i * max_blocks + n]
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), num_decodes=len(seq_lens),
-                             decode_block_tables=tables, decode_seq_lens=torch.tensor(seq_lens), prefills=[])
-    return k_cache, v_cache, meta
+def reference(q, k, v, context_len, scale):
+    """Attention of q [n, H, D] over k, v [context_len + n, Hkv, D] in float64, mask aligned bottom-right."""
+    group = q.shape[1] // k.shape[1]
+    qs = q.double().transpose(0, 1)
+    ks, vs = (x.double().repeat_interleave(group, dim=1).transpose(0, 1) for x in (k, v))
+    scores = qs @ ks.transpose(-1, -2) * scale
+    scores = scores.masked_fill(~bottom_right_causal_mask(q.shape[0], context_len + q.shape[0], q.device),
+                                float("-inf"))
+    return (scores.softmax(-1) @ vs).transpose(0, 1)
+
+
+class PagedBatch:
+    """Sequences of (context_len, num_new) on shuffled blocks: ``prefill_context`` writes every context
+    through the backend (as fresh chunks), ``step`` then runs the new tokens (decodes have num_new 1)."""
+
+    def __init__(self, seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.seqs, self.block_size, self.scale = seqs, block_size, head_dim ** -0.5
+        self.backend = CPUPagedAttention(num_heads, num_kv_heads, head_dim, self.scale, dtype)
+        needed = [-(-(c + n) // block_size) for c, n in seqs]
+        num_blocks = sum(needed) + 3
+        self.k_cache, self.v_cache = (torch.zeros(self.backend.kv_cache_shape(num_blocks, block_size), dtype=dtype)
+                                      for _ in range(2))
+        blocks = torch.randperm(num_blocks, generator=g).tolist()
+        self.tables = [blocks[sum(needed[:i]):sum(needed[:i + 1])] for i in range(len(seqs))]
+        # q as the model produces it: a strided view into a wider projection output.
+        width = num_heads + 2 * num_kv_heads
+        self.qkv = [torch.randn(c + n, width, head_dim, generator=g).to(dtype) for c, n in seqs]
+        self.heads = (num_heads, num_kv_heads)
+
+    def _run(self, parts):
+        units = [ScheduledUnit(f"r{i}", [0] * (end - start), start, end - start > 1, True, self.tables[i],
+                               SamplingParams()) for i, (start, end) in parts]
+        _, _, meta, _ = to_device(prepare_host_batch(units, self.block_size), torch.device("cpu"))
+        h, hkv = self.heads
+        qkv = torch.cat([self.qkv[i][start:end] for i, (start, end) in parts])
+        q, k, v = qkv[:, :h], qkv[:, h:h + hkv].contiguous(), qkv[:, h + hkv:]
+        return self.backend(q, k, v, self.k_cache, self.v_cache, meta)
+
+    def prefill_context(self):
+        self._run([(i, (0, c)) for i, (c, _) in enumerate(self.seqs) if c])
+
+    def step(self) -> torch.Tensor:
+        return self._run([(i, (c, c + n)) for i, (c, n) in enumerate(self.seqs)])
+
+    def expected(self) -> torch.Tensor:
+        h, hkv = self.heads
+        outs = [reference(x[c:, :h], x[:, h:h + hkv], x[:, h + hkv:], c, self.scale)
+                for x, (c, _) in zip(self.qkv, self.seqs, strict=True)]
+        return torch.cat(outs).flatten(1)
+
+
+def mixed_seqs(block_size):
+    """Decodes, then fresh and continued prefill chunks: odd lengths, block and tile boundaries."""
+    decodes = [(0, 1), (block_size - 1, 1), (block_size, 1), (36, 1), (3 * block_size, 1), (99, 1)]
+    chunks = [(0, 1), (0, 7), (2 * block_size - 1, block_size + 3), (130, 70), (200, 5), (block_size, 2 * block_size)]
+    return decodes + chunks
 
 
 @needs_compiler
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(6, 2, 16), (4, 4, 32), (12, 4, 64)])
-@pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_kernel_matches_gather_path(num_heads, num_kv_heads, head_dim, block_size, dtype, atol):
-    seq_lens = [1, block_size, block_size + 1, 37, 3 * block_size, 100]
-    k_cache, v_cache, meta = decode_batch(seq_lens, num_kv_heads, head_dim, block_size, dtype)
-    # q as the model produces it: a strided view into a wider projection output.
-    qkv = torch.randn(len(seq_lens), num_heads + 2 * num_kv_heads, head_dim).to(dtype)
-    q = qkv[:, :num_heads]
-    scale = head_dim ** -0.5
-    expected = SDPAAttention(num_heads, num_kv_heads, head_dim, scale)._decode(q, k_cache, v_cache, meta)
-    got = CPUPagedAttention(num_heads, num_kv_heads, head_dim, scale, dtype)._decode(q, k_cache, v_cache, meta)
-    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=atol)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(6, 2, 16), (4, 4, 32), (12, 4, 64), (8, 1, 80)])
+@pytest.mark.parametrize("block_size", [4, 6, 16, 32])  # keys per micro-tile: 4, 1, 16, 16
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
+def test_kernel_matches_reference(num_heads, num_kv_heads, head_dim, block_size, dtype, atol):
+    batch = PagedBatch(mixed_seqs(block_size), num_heads, num_kv_heads, head_dim, block_size, dtype)
+    batch.prefill_context()
+    torch.testing.assert_close(batch.step().double(), batch.expected(), atol=atol, rtol=atol)
+
+
+@needs_compiler
+def test_long_chunk_over_long_context():
+    """The issue's shape, scaled down: a chunk spanning several query tiles and key chunks of its context."""
+    batch = PagedBatch([(1500, 128), (700, 1)], 12, 4, 64, 16, torch.float32, seed=1)
+    batch.prefill_context()
+    torch.testing.assert_close(batch.step().double(), batch.expected(), atol=2e-5, rtol=2e-5)
 
 
 @needs_compiler
 def test_kernel_reads_only_its_own_blocks():
-    """Poisoning every block outside the tables (and the padding slots of the last block) changes nothing."""
-    k_cache, v_cache, meta = decode_batch([5, 9], num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
-    q = torch.randn(2, 4, 16)
-    backend = CPUPagedAttention(4, 2, 16, 0.25, torch.float32)
-    before = backend._decode(q, k_cache, v_cache, meta)
-    used = torch.zeros(k_cache.shape[1], k_cache.shape[2], dtype=torch.bool)
-    for table, length in zip(meta.decode_block_tables, meta.decode_seq_lens.tolist(), strict=True):
-        for t in range(length):
-            used[table[t // 4], t % 4] = True
-    k_cache[:, ~used], v_cache[:, ~used] = 1e4, -1e4
-    torch.testing.assert_close(backend._decode(q, k_cache, v_cache, meta), before)
+    """Poisoning every block outside the tables (and the unused slots of the last blocks) changes nothing."""
+    batch = PagedBatch([(5, 1), (6, 3)], 4, 2, 16, 4, torch.float32)
+    batch.prefill_context()
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    before = batch.step()
+    used = {b for table in batch.tables for b in table}
+    unused = [b for b in range(k_cache.shape[1]) if b not in used]
+    batch.k_cache.copy_(k_cache)
+    batch.v_cache.copy_(v_cache)
+    batch.k_cache[:, unused], batch.v_cache[:, unused] = 1e4, -1e4
+    for table, (c, n) in zip(batch.tables, batch.seqs, strict=True):  # slots past the sequence in its last block
+        used_slots = c + n - (len(table) - 1) * 4
+        batch.k_cache[:, table[-1]].view(2, 16, 4)[:, :, used_slots:] = 1e4  # K blocks are [head_dim, block_size]
+        batch.v_cache[:, table[-1], used_slots:] = -1e4
+    torch.testing.assert_close(batch.step(), before)
 
 
 @needs_compiler
 def test_auto_picks_the_native_backend_on_cpu():
     dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=32 ** -0.5)
     cpu = torch.device("cpu")
-    assert native.load_paged_decode() is not None
+    assert native.load_paged_attention() is not None
     assert type(make_attention_backend("auto", cpu, torch.bfloat16, **dims)) is CPUPagedAttention
     assert type(make_attention_backend("sdpa", cpu, torch.bfloat16, **dims)) is SDPAAttention
-    # head dims without a kernel instantiation fall back to the portable path
+    # head dims the kernel's vectors do not divide fall back to the portable path
     odd = dict(dims, head_dim=24)
     assert type(make_attention_backend("auto", cpu, torch.float32, **odd)) is SDPAAttention
 
@@ -94,9 +141,9 @@ def test_without_a_working_compiler_auto_falls_back_to_sdpa(compiler, monkeypatc
     monkeypatch.setenv("CXX", compiler)
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name: real_which(name) if name == compiler else None)
-    native.load_paged_decode.cache_clear()
+    native.load_paged_attention.cache_clear()
     try:
-        assert native.load_paged_decode() is None
+        assert native.load_paged_attention() is None
         assert "portable" in caplog.text
         dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=1.0)
         cpu = torch.device("cpu")
@@ -104,4 +151,4 @@ def test_without_a_working_compiler_auto_falls_back_to_sdpa(compiler, monkeypatc
         with pytest.raises(ValueError, match="C\\+\\+ compiler"):
             make_attention_backend("cpu_paged", cpu, torch.float32, **dims)
     finally:
-        native.load_paged_decode.cache_clear()
+        native.load_paged_attention.cache_clear()

@@ -48,6 +48,14 @@ def test_device_metadata_keeps_the_per_backend_fields():
     assert input_ids.dtype == positions.dtype == meta.slot_mapping.dtype == logits_indices.dtype == torch.long
 
 
+def test_prefill_only_batch_has_no_decode_fields():
+    _, positions, meta, logits_indices = to_device(prepare_host_batch(UNITS[2:], BLOCK_SIZE), torch.device("cpu"))
+    assert meta.num_decodes == 0 and meta.decode_block_tables is None and meta.decode_seq_lens is None
+    assert positions.tolist() == list(range(9)) + list(range(5, 11))
+    assert meta.block_tables.tolist() == [[1, 9, 3], [0, 4, 8]]
+    assert logits_indices.tolist() == [14]
+
+
 def test_batch_size_buckets_double_up_to_max_num_seqs():
     assert batch_size_buckets(128) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert batch_size_buckets(100) == [1, 2, 4, 8, 16, 32, 64, 100]

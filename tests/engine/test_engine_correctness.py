@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.attention.native import load_paged_decode
+from engine.attention.native import load_paged_attention
 from tests.engine.helpers import make_prompts, run_staggered
 
 MAX_TOKENS = 12
@@ -31,14 +31,14 @@ def hf_reference(arch_paths, prompts):
     return refs
 
 
-# "auto" is the native paged-decode kernel on CPU; "sdpa" keeps the portable gather path covered too.
+# "auto" is the native paged-attention kernel on CPU; "sdpa" keeps the portable gather path covered too.
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize(("policy", "chunk_size", "backend"), [(*case, "auto") for case in POLICY_CASES] + [
     ("vllm", 512, "sdpa"), ("sarathi", 16, "sdpa")])
 def test_greedy_matches_hf(arch, policy, chunk_size, backend, arch_paths, prompts, hf_reference):
     engine = LLMEngine.from_kwargs(model=str(arch_paths[arch]), scheduler=policy, chunk_size=chunk_size,
                                    dtype="float32", max_num_seqs=6, attention_backend=backend)
-    native_kernel = backend == "auto" and load_paged_decode() is not None
+    native_kernel = backend == "auto" and load_paged_attention() is not None
     assert type(engine.runner.attn_backend).__name__ == ("CPUPagedAttention" if native_kernel else "SDPAAttention")
     outputs = run_staggered(engine, prompts, MAX_TOKENS)
     assert [outputs[f"r{i}"] for i in range(len(prompts))] == hf_reference[arch]

@@ -1,0 +1,144 @@
+// The building blocks of paged_attention.cpp: fp32 vectors (GCC vector extensions), bf16 conversion, a
+// vectorized 2^x, and the two GEMM micro-tiles (Q.K^T over a transposed K block, P.V over V rows).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace attention_tiles {
+
+// Native vector width in floats (GCC vector extensions compile to the widest registers -march=native has).
+#if defined(__AVX512F__)
+constexpr int W = 16;
+#elif defined(__AVX__)
+constexpr int W = 8;
+#else
+constexpr int W = 4;
+#endif
+constexpr int MAX_ROWS = 12 * W / 16;  // rows per GEMM micro-tile: rows x 16 floats fill 12 registers
+constexpr int COLS = 16;              // head_dim columns per P.V micro-tile
+
+template <int N>
+struct Vec {
+  typedef float f __attribute__((vector_size(4 * N)));
+  typedef int32_t i __attribute__((vector_size(4 * N)));
+  typedef uint32_t u __attribute__((vector_size(4 * N)));
+  typedef uint16_t h __attribute__((vector_size(2 * N)));
+};
+using vf = Vec<W>::f;
+using vi = Vec<W>::i;
+
+template <int N>
+inline typename Vec<N>::f load(const float* p) {
+  typename Vec<N>::f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int N>
+inline typename Vec<N>::f load(const uint16_t* p) {  // bf16 -> fp32: the bf16 bits are the high half
+  typename Vec<N>::h h;
+  std::memcpy(&h, p, sizeof h);
+  typename Vec<N>::u bits = __builtin_convertvector(h, typename Vec<N>::u) << 16;
+  typename Vec<N>::f v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline void store(float* p, const vf& v) { std::memcpy(p, &v, sizeof v); }
+inline vf splat(float x) { return vf{} + x; }
+
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t bf16) {
+  uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline void store_scalar(float* dst, float x) { *dst = x; }
+inline void store_scalar(uint16_t* dst, float x) {  // round to nearest even
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  *dst = static_cast<uint16_t>(bits >> 16);
+}
+
+// 2^x for x <= 0: x = n + f with n the nearest integer, 2^f by its degree-7 Taylor polynomial (|f| <= 0.5,
+// error about one ulp), 2^n added to the exponent bits. Clamped at -125, where the result is ~0 anyway.
+inline vf exp2_nonpositive(vf x) {
+  x = x > -125.0f ? x : -125.0f;
+  const vi n = __builtin_convertvector(x - 0.5f, vi);  // truncation of a negative number: ceil(x - 0.5)
+  const vf f = x - __builtin_convertvector(n, vf);
+  vf p = f * 1.5252733804059841e-05f + 1.5403530393381609e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.6181291076284772e-03f;
+  p = p * f + 5.5504108664821580e-02f;
+  p = p * f + 2.4022650695910071e-01f;
+  p = p * f + 6.9314718055994531e-01f;
+  p = p * f + 1.0f;
+  vi bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += n << 23;
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+// Calls fn(std::integral_constant<int, rows>) for a runtime 1 <= rows <= MAX_ROWS.
+template <int R = MAX_ROWS, typename Fn>
+inline void with_rows(int rows, Fn&& fn) {
+  if constexpr (R > 1) {
+    if (rows < R) return with_rows<R - 1>(rows, fn);
+  }
+  fn(std::integral_constant<int, R>{});
+}
+
+// s[R][N] = q[R][D] . kt[D][N]: N keys of one transposed K block (row stride block_size).
+template <int R, int N, typename T>
+inline void qk_tile(const float* q, int64_t head_dim, const T* kt, int64_t block_size, float* s, int64_t lds) {
+  constexpr int L = N < W ? N : W, C = N / L;  // C vectors of L floats per row
+  typename Vec<L>::f acc[R][C] = {};
+  for (int64_t d = 0; d < head_dim; ++d) {
+    typename Vec<L>::f k[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) k[c] = load<L>(kt + d * block_size + c * L);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float x = q[r * head_dim + d];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[r][c] += x * k[c];
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(s + r * lds, acc[r], sizeof acc[r]);
+}
+
+// o[R][COLS] += p[R][keys] . V[keys][COLS]: one column panel of the keys' V rows, the keys spread over the
+// V blocks `v_blocks` (row stride head_dim).
+template <int R, typename T>
+inline void pv_tile(const float* p, int64_t ldp, const T* const* v_blocks, int64_t block_size, int64_t num_keys,
+                    int64_t head_dim, float* o) {
+  constexpr int C = COLS / W;
+  vf acc[R][C];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[r][c] = load<W>(o + r * head_dim + c * W);
+  for (int64_t b = 0, key = 0; key < num_keys; ++b) {
+    const T* v = v_blocks[b];
+    for (const int64_t end = std::min(key + block_size, num_keys); key < end; ++key, v += head_dim) {
+      vf row[C];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) row[c] = load<W>(v + c * W);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const float x = p[r * ldp + key];
+#pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) acc[r][c] += x * row[c];
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) store(o + r * head_dim + c * W, acc[r][c]);
+}
+
+}  // namespace attention_tiles

@@ -1,0 +1,229 @@
+// Paged attention on CPU for a whole flat batch (decodes and prefill chunks, with or without cached
+// context) in one call, reading K/V in place from the paged cache through the block tables.
+//
+// Cache layout per layer (CPUPagedAttention): K and V are [num_kv_heads, num_blocks, block_size * head_dim].
+// A K block is stored transposed, [head_dim, block_size], so Q.K^T is a small GEMM whose vector loads run
+// along the keys (no horizontal sums); a V block is [block_size, head_dim], so P.V's loads run along
+// head_dim. vLLM's CPU attention keeps the same two layouts.
+//
+// One task per (sequence, kv head, tile of query tokens): the tile's rows are its tokens x the query heads
+// of the GQA group, so each K/V element loaded serves all of them. A task walks its keys in chunks with an
+// fp32 online softmax (FlashAttention-2); the causal mask is aligned bottom-right: query i of a sequence
+// with `context` cached tokens sees keys 0 .. context + i. Built by engine/attention/native.py with
+// -fopenmp; the OpenMP runtime is the one torch already loaded (same soname), so threads are shared.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attention_tiles.h"
+
+namespace {
+
+using namespace attention_tiles;
+
+constexpr int TILE_ROWS = 96;  // query rows (tokens x group heads) per task: amortizes each K/V load
+constexpr int KEY_CHUNK = 64;  // keys per online-softmax step (rounded to whole blocks)
+
+template <typename T>
+struct Batch {
+  const T* q;
+  int64_t q_stride_t, q_stride_h;
+  const T* k_cache;
+  const T* v_cache;
+  const int64_t* block_tables;
+  int64_t table_stride;
+  const int64_t* query_start_loc;
+  const int64_t* seq_lens;
+  T* out;  // [num_tokens, num_heads, head_dim]
+  int64_t num_heads, num_kv_heads, head_dim, num_blocks, block_size;
+  float scale;
+};
+
+struct Task {
+  int64_t seq, kv_head, first_query, num_queries, first_pos;  // first_pos: position of the first query
+};
+
+template <typename T>
+struct Scratch {  // per thread, reused across its tasks
+  std::vector<float> q, o, s, max, sum;
+  std::vector<const T*> v_blocks;
+};
+
+// One online-softmax step for the tile's rows over the chunk of keys [start, start + len): turns the
+// scores in s into probabilities (0 where masked) and rescales the running output where the max grows.
+inline void softmax_step(float* s, int64_t lds, int64_t rows, int64_t group, int64_t first_pos, int64_t start,
+                         int64_t len, float* o, int64_t head_dim, float* row_max, float* row_sum) {
+  vf lane;
+  for (int i = 0; i < W; ++i) lane[i] = static_cast<float>(i);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* sr = s + r * lds;
+    const int64_t visible = std::clamp<int64_t>(first_pos + r / group + 1 - start, 0, len);
+    if (visible == 0) {
+      std::fill(sr, sr + len, 0.0f);
+      continue;
+    }
+    const float limit = static_cast<float>(visible);
+    const bool masked = visible < len || len % W != 0;  // loop-invariant: the compiler unswitches it
+    vf vmax = splat(-1e30f);
+    for (int64_t j = 0; j < visible; j += W) {
+      vf x = load<W>(sr + j);
+      if (masked) x = lane + static_cast<float>(j) < limit ? x : -1e30f;
+      vmax = x > vmax ? x : vmax;
+    }
+    float new_max = row_max[r];
+    for (int i = 0; i < W; ++i) new_max = std::max(new_max, vmax[i]);
+    vf vsum = splat(0.0f);
+    for (int64_t j = 0; j < len; j += W) {
+      vf p = exp2_nonpositive(load<W>(sr + j) - new_max);
+      if (masked) p = lane + static_cast<float>(j) < limit ? p : 0.0f;
+      store(sr + j, p);
+      vsum += p;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < W; ++i) sum += vsum[i];
+    if (new_max > row_max[r]) {
+      const float alpha = std::exp2(row_max[r] - new_max);
+      for (int64_t d = 0; d < head_dim; ++d) o[r * head_dim + d] *= alpha;
+      row_sum[r] *= alpha;
+      row_max[r] = new_max;
+    }
+    row_sum[r] += sum;
+  }
+}
+
+template <typename T, int N>
+void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
+  const int64_t D = batch.head_dim, bs = batch.block_size, group = batch.num_heads / batch.num_kv_heads;
+  const int64_t rows = task.num_queries * group, num_keys = task.first_pos + task.num_queries;
+  const int64_t blocks_per_chunk = std::max<int64_t>(1, KEY_CHUNK / bs), chunk = blocks_per_chunk * bs;
+  const int64_t lds = (chunk + W - 1) / W * W;
+  scratch.q.resize(rows * D);
+  scratch.o.assign(rows * D, 0.0f);
+  scratch.s.resize(rows * lds);
+  scratch.max.assign(rows, -1e30f);
+  scratch.sum.assign(rows, 0.0f);
+  float *q = scratch.q.data(), *o = scratch.o.data(), *s = scratch.s.data();
+
+  const float q_scale = batch.scale * 1.4426950408889634f;  // scores in log2 units: the softmax uses 2^x
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = batch.q + (task.first_query + r / group) * batch.q_stride_t
+                   + (task.kv_head * group + r % group) * batch.q_stride_h;
+    for (int64_t d = 0; d < D; ++d) q[r * D + d] = to_float(src[d]) * q_scale;
+  }
+  const int64_t head_offset = task.kv_head * batch.num_blocks * bs * D;
+  const int64_t* table = batch.block_tables + task.seq * batch.table_stride;
+  scratch.v_blocks.resize(2 * blocks_per_chunk);
+  const T** v_blocks = scratch.v_blocks.data();
+  const T** panels = v_blocks + blocks_per_chunk;
+  for (int64_t start = 0; start < num_keys; start += chunk) {
+    const int64_t len = std::min(chunk, num_keys - start), num_blocks = (len + bs - 1) / bs;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t block = table[start / bs + b];
+      const T* kt = batch.k_cache + head_offset + block * bs * D;
+      v_blocks[b] = batch.v_cache + head_offset + block * bs * D;
+      for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+        with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
+          for (int64_t c = 0; c < bs; c += N)
+            qk_tile<R.value, N>(q + r0 * D, D, kt + c, bs, s + r0 * lds + b * bs + c, lds);
+        });
+      }
+    }
+    softmax_step(s, lds, rows, group, task.first_pos, start, len, o, D, scratch.max.data(), scratch.sum.data());
+    // Column panels outer: each panel of the chunk's V rows stays in L1 while every row tile reads it.
+    for (int64_t col = 0; col < D; col += COLS) {
+      for (int64_t i = 0; i < num_blocks; ++i) panels[i] = v_blocks[i] + col;
+      for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+        with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
+          pv_tile<R.value>(s + r0 * lds, lds, panels, bs, len, D, o + r0 * D + col);
+        });
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = batch.out + ((task.first_query + r / group) * batch.num_heads + task.kv_head * group + r % group) * D;
+    const float inv = 1.0f / scratch.sum[r];
+    for (int64_t d = 0; d < D; ++d) store_scalar(dst + d, o[r * D + d] * inv);
+  }
+}
+
+template <typename T>
+void paged_attention(const Batch<T>& batch, int64_t num_seqs, int num_threads) {
+  const int64_t group = batch.num_heads / batch.num_kv_heads;
+  const int64_t tile = std::max<int64_t>(1, TILE_ROWS / group);
+  std::vector<Task> tasks;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t begin = batch.query_start_loc[seq], num_queries = batch.query_start_loc[seq + 1] - begin;
+    const int64_t context = batch.seq_lens[seq] - num_queries;
+    for (int64_t i = 0; i < num_queries; i += tile) {
+      for (int64_t h = 0; h < batch.num_kv_heads; ++h)
+        tasks.push_back({seq, h, begin + i, std::min(tile, num_queries - i), context + i});
+    }
+  }
+  // Longest first (a task's cost grows with the keys it reads), so no thread is left with a long tail.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) {
+    return a.first_pos + a.num_queries > b.first_pos + b.num_queries;
+  });
+  // Keys per Q.K^T micro-tile: 16 for the usual block sizes; 4 or 1 keep other sizes working (three
+  // instantiations, not five: the build time grows with each).
+  const int64_t bs = batch.block_size;
+  const int key_group = bs % 16 == 0 ? 16 : bs % 4 == 0 ? 4 : 1;
+#pragma omp parallel num_threads(num_threads)
+  {
+    Scratch<T> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      switch (key_group) {
+        case 16: attend<T, 16>(batch, tasks[i], scratch); break;
+        case 4: attend<T, 4>(batch, tasks[i], scratch); break;
+        default: attend<T, 1>(batch, tasks[i], scratch);
+      }
+    }
+  }
+}
+
+// Writes each token's new K (transposed into its block) and V at its slot.
+template <typename T>
+void write_cache(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t, T* k_cache, T* v_cache,
+                 const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim,
+                 int64_t num_blocks, int64_t block_size, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (num_tokens >= 64)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t block = slot_mapping[t] / block_size, offset = slot_mapping[t] % block_size;
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int64_t base = (h * num_blocks + block) * block_size * head_dim;
+      const T* src = k + t * k_stride_t + h * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) k_cache[base + d * block_size + offset] = src[d];
+      std::memcpy(v_cache + base + offset * head_dim, v + t * v_stride_t + h * head_dim, head_dim * sizeof(T));
+    }
+  }
+}
+
+}  // namespace
+
+// Both return 0, or 1 when head_dim is not a multiple of 16 (HEAD_DIM_MULTIPLE in native.py).
+#define DEFINE_KERNELS(SUFFIX, T)                                                                           \
+  extern "C" int paged_attention_##SUFFIX(                                                                 \
+      const T* q, int64_t q_stride_t, int64_t q_stride_h, const T* k_cache, const T* v_cache,              \
+      const int64_t* block_tables, int64_t table_stride, const int64_t* query_start_loc,                   \
+      const int64_t* seq_lens, int64_t num_seqs, T* out, int64_t num_heads, int64_t num_kv_heads,          \
+      int64_t head_dim, int64_t num_blocks, int64_t block_size, float scale, int num_threads) {             \
+    if (head_dim % COLS != 0) return 1;                                                                       \
+    const Batch<T> batch{q, q_stride_t, q_stride_h, k_cache, v_cache, block_tables, table_stride,          \
+                         query_start_loc, seq_lens, out, num_heads, num_kv_heads, head_dim, num_blocks,   \
+                         block_size, scale};                                                              \
+    paged_attention(batch, num_seqs, num_threads);                                                         \
+    return 0;                                                                                              \
+  }                                                                                                        \
+  extern "C" int write_cache_##SUFFIX(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t,      \
+                                      T* k_cache, T* v_cache, const int64_t* slot_mapping,                 \
+                                      int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim,          \
+                                      int64_t num_blocks, int64_t block_size, int num_threads) {           \
+    write_cache(k, k_stride_t, v, v_stride_t, k_cache, v_cache, slot_mapping, num_tokens, num_kv_heads,   \
+                head_dim, num_blocks, block_size, num_threads);                                            \
+    return 0;                                                                                              \
+  }
+
+DEFINE_KERNELS(bf16, uint16_t)
+DEFINE_KERNELS(f32, float)
