@@ -49,19 +49,25 @@ def check_sweep(exp_dir: Path, target: str, with_batches: bool) -> None:
     assert sorted(table["run_id"]) == [d.name for d in dirs]
 
 
-def test_inprocess_sweep_survives_a_kill_and_resumes(tmp_path):
-    args = [*SWEEP, "experiment_name=sweep", f"results_dir={tmp_path / 'results'}"]
-    exp_dir = tmp_path / "results" / "sweep"
-    proc = subprocess.Popen([BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def kill_after_first_run(args: list[str], cwd: Path, exp_dir: Path, timeout: float) -> None:
+    """Start a sweep and SIGKILL it (its whole process group: launcher workers too) once a run is written."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen([BENCH, *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + timeout
         while not (exp_dir.is_dir() and run_dirs(exp_dir)) and time.monotonic() < deadline:
             assert proc.poll() is None, "the sweep ended before it was killed"
             time.sleep(0.05)
     finally:
-        proc.send_signal(signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_inprocess_sweep_survives_a_kill_and_resumes(tmp_path):
+    args = [*SWEEP, "experiment_name=sweep", f"results_dir={tmp_path / 'results'}"]
+    exp_dir = tmp_path / "results" / "sweep"
+    kill_after_first_run(args, tmp_path, exp_dir, timeout=120)
     completed = run_dirs(exp_dir)
     assert 1 <= len(completed) < UNIQUE_RUNS
     assert all((d / "summary.json").is_file() for d in completed)  # the killed run left no run dir

@@ -9,10 +9,6 @@ aside). The sweep has duplicate jobs (vllm ignores chunk_size), which parallel w
 """
 import dataclasses
 import json
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +16,7 @@ import pytest
 import yaml
 
 from loadgen.cpu_share import CpuReport
-from tests.loadgen.test_bench import BENCH, bench, run_dirs
+from tests.loadgen.test_bench import bench, kill_after_first_run, run_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -99,17 +95,7 @@ def test_submitit_local_matches_the_basic_launcher(sweep_args, basic, tmp_path):
 def test_joblib_sweep_killed_midway_resumes_to_the_basic_results(sweep_args, basic, tmp_path):
     args = [*sweep_args, "hydra/launcher=local_parallel", f"results_dir={tmp_path}"]
     exp_dir = tmp_path / "launch"
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.Popen([BENCH, *args], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env, start_new_session=True)  # its own group: the workers die with it
-    try:
-        deadline = time.monotonic() + 600
-        while not (exp_dir.is_dir() and run_dirs(exp_dir)) and time.monotonic() < deadline:
-            assert proc.poll() is None, "the sweep ended before it was killed"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_after_first_run(args, tmp_path, exp_dir, timeout=600)
     complete = run_dirs(exp_dir)
     assert complete and all((d / "summary.json").is_file() for d in complete)
     incomplete = complete[0]  # as a run directory whose writing was cut short would be
