@@ -14,13 +14,16 @@ import sys
 import time
 
 from benchmarks.engine_throughput import make_prompts, run_engine, workload_parser, write_result
+from engine.model.arch import ArchConfig
+from engine.model.presets import resolve_model_path
 from loadgen.openloop import run_open_loop_sync
+from loadgen.records import RequestRecord
 from loadgen.workload import RequestSpec
 
 
-def start_server(model: str, port: int, chunk_size: int) -> subprocess.Popen:
+def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> subprocess.Popen:
     proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "stallfree-serve"), f"model={model}",
-                             "scheduler=sarathi", f"chunk_size={chunk_size}", f"port={port}"],
+                             "scheduler=sarathi", f"chunk_size={chunk_size}", f"port={port}", *overrides],
                             stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if "ready" in line:
@@ -28,14 +31,15 @@ def start_server(model: str, port: int, chunk_size: int) -> subprocess.Popen:
     raise RuntimeError("stallfree-serve exited before it was ready")
 
 
-def measure_burst(url: str, model: str, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[dict]]:
+def measure_burst(url: str, model: str, prompts: list[list[int]],
+                  max_tokens: int) -> tuple[float, list[RequestRecord]]:
     """All requests at once, streamed (after one short warm-up request): output tokens/s and the rows."""
     run_open_loop_sync(url, [RequestSpec("warm", 0.0, prompts[0][:16], 4)], model=model, timeout_s=600)
     specs = [RequestSpec(f"r{i}", 0.0, p, max_tokens) for i, p in enumerate(prompts)]
     start = time.perf_counter()
     rows = run_open_loop_sync(url, specs, model=model, timeout_s=1200)
     elapsed = time.perf_counter() - start
-    assert all(r["status"] == "ok" and r["output_tokens"] == max_tokens for r in rows), rows[0]
+    assert all(r.status == "ok" and r.output_tokens == max_tokens for r in rows), rows[0]
     return len(rows) * max_tokens / elapsed, rows
 
 
@@ -43,7 +47,8 @@ def main() -> None:
     ap = workload_parser(__doc__, "benchmarks/results/server_overhead.json")
     ap.add_argument("--port", type=int, default=8123)
     args = ap.parse_args()
-    prompts = make_prompts(args.num_requests, args.prompt_len, 32000 if args.model == "small" else 2048)
+    prompts = make_prompts(args.num_requests, args.prompt_len,
+                           ArchConfig.from_dir(resolve_model_path(args.model)).vocab_size)
     result: dict = {"model": args.model, "num_requests": args.num_requests, "prompt_len": args.prompt_len,
                     "max_tokens": args.max_tokens}
 
@@ -63,8 +68,8 @@ def main() -> None:
         for i, prompt in enumerate(prompts[:5]):
             row = run_open_loop_sync(url, [RequestSpec(f"s{i}", 0.0, prompt, 16)], model=args.model,
                                      timeout_s=600)[0]
-            http_ttfts.append(row["first_token_time"] - row["send_time"])
-            server_ttfts.append(row["server_token_times"][0] - row["server_arrival_time"])
+            http_ttfts.append(row.first_token_time - row.send_time)
+            server_ttfts.append(row.server_token_times[0] - row.server_arrival_time)
     finally:
         proc.terminate()
         proc.wait(30)

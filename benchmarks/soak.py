@@ -1,7 +1,8 @@
 """Bounded soak test: a steady open-loop stream of completions against a stallfree-serve this script
 starts, sampling the server's RSS (/proc/<pid>/status), its batch history size (the
 ``stallfree:batch_history_records`` gauge) and the error count; every ``--fetch-every`` seconds it
-fetches the whole batch history while timing /health, to see whether the fetch stalls the event loop.
+fetches the whole batch history while timing /health, to see whether the fetch stalls the event loop,
+and compares the token gaps of the streams in flight during fetches with those outside them.
 
     python benchmarks/soak.py --rate 20 --duration 150 --warmup 30
 
@@ -36,6 +37,8 @@ class Soak:
     health_s: list[float] = field(default_factory=list)  # /health round trips outside history fetches
     health_during_fetch_s: list[float] = field(default_factory=list)
     fetch_s: list[float] = field(default_factory=list)
+    fetch_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end), seconds since t0
+    token_gaps: list[tuple[float, float]] = field(default_factory=list)  # (end of the gap since t0, seconds)
 
     def count(self, status: str, t: float, detail: str = "") -> None:
         self.statuses[status] = self.statuses.get(status, 0) + 1
@@ -69,7 +72,15 @@ async def one_request(client: httpx.AsyncClient, body: dict, soak: Soak, t0: flo
     start = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
-            text = "".join([chunk async for chunk in r.aiter_text()])
+            lines, last = [], None
+            async for line in r.aiter_lines():
+                lines.append(line)
+                if line.startswith("data: {"):
+                    now = time.monotonic() - t0
+                    if last is not None:
+                        soak.token_gaps.append((now, now - last))
+                    last = now
+            text = "\n".join(lines)
         ok = r.status_code == 200 and text.rstrip().endswith("data: [DONE]") and '"error"' not in text
         status = str(r.status_code) if ok or r.status_code != 200 else "200-broken-stream"
         soak.count(status, time.monotonic() - t0, "" if ok else text[-300:])
@@ -99,7 +110,8 @@ FETCH_SCRIPT = ("import sys, time, urllib.request; t = time.perf_counter(); "
                 "urllib.request.urlopen(sys.argv[1], timeout=120).read(); print(time.perf_counter() - t)")
 
 
-async def fetch_history(client: httpx.AsyncClient, soak: Soak) -> None:
+async def fetch_history(client: httpx.AsyncClient, soak: Soak, t0: float) -> None:
+    started = time.monotonic() - t0
     fetch = await asyncio.create_subprocess_exec(
         sys.executable, "-c", FETCH_SCRIPT, f"{str(client.base_url).rstrip('/')}/stallfree/batches?since=0",
         stdout=asyncio.subprocess.PIPE)
@@ -109,6 +121,7 @@ async def fetch_history(client: httpx.AsyncClient, soak: Soak) -> None:
         soak.health_during_fetch_s.append(health)
     stdout, _ = await done
     soak.fetch_s.append(float(stdout or "nan"))
+    soak.fetch_windows.append((started, time.monotonic() - t0))
 
 
 async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
@@ -128,7 +141,7 @@ async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
                     await sample(probe, pid, t0, soak)
                     next_sample += args.sample_every
                 elif now >= next_fetch and now >= args.warmup:
-                    await fetch_history(probe, soak)
+                    await fetch_history(probe, soak, t0)
                     next_fetch = now + args.fetch_every
                 else:
                     await asyncio.sleep(min(due - now, 0.01))
@@ -149,6 +162,21 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
     return statistics.linear_regression(times, values).slope * 60
 
 
+def gap_split(soak: Soak, warmup: float) -> tuple[list[float], list[float]]:
+    """Token gaps after warm-up: those that overlap a history fetch, and the others."""
+    during, outside = [], []
+    for end, gap in soak.token_gaps:
+        if end - gap < warmup:
+            continue
+        overlaps = any(start < end and end - gap < stop for start, stop in soak.fetch_windows)
+        (during if overlaps else outside).append(gap)
+    return during, outside
+
+
+def gap_ms(gaps: list[float], q: float) -> float:
+    return 1000 * (sorted(gaps)[min(len(gaps) - 1, int(q * len(gaps)))] if gaps else 0.0)
+
+
 def summary(soak: Soak, args: argparse.Namespace) -> dict:
     steady = [(t, v) for t, v in soak.rss_mib if t >= args.warmup]
     latencies = sorted(soak.latencies_s) or [0.0]
@@ -164,7 +192,11 @@ def summary(soak: Soak, args: argparse.Namespace) -> dict:
         "health_max_ms": 1000 * max(soak.health_s, default=0.0),
         "health_max_ms_during_history_fetch": 1000 * max(soak.health_during_fetch_s, default=0.0),
         "history_fetch_s": soak.fetch_s,
-        "samples": asdict(soak) | {"latencies_s": None},
+        # The stall a fetch adds to a stream: its largest token gap beyond the largest gap outside fetches.
+        **{f"token_gap_{name}_ms_{where}": gap_ms(gaps, q) for where, gaps in zip(
+            ("during_fetch", "outside_fetch"), gap_split(soak, args.warmup), strict=True)
+           for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))},
+        "samples": asdict(soak) | {"latencies_s": None, "token_gaps": None},
     }
 
 
@@ -194,6 +226,9 @@ def main() -> None:
           f"p50 {result['latency_p50_s']:.3f} s, p99 {result['latency_p99_s']:.3f} s")
     print(f"RSS after warm-up {result['rss_mib_after_warmup']} MiB, slope {result['rss_slope_mib_per_min']:+.2f} "
           f"MiB/min; batch history max {result['batch_history_records_max']} records")
+    print(f"token gaps p99 / max: during fetches {result['token_gap_p99_ms_during_fetch']:.1f} / "
+          f"{result['token_gap_max_ms_during_fetch']:.1f} ms, outside {result['token_gap_p99_ms_outside_fetch']:.1f} / "
+          f"{result['token_gap_max_ms_outside_fetch']:.1f} ms")
     print(f"/health max {result['health_max_ms']:.1f} ms, during history fetches "
           f"{result['health_max_ms_during_history_fetch']:.1f} ms (fetches: "
           f"{', '.join(f'{s:.2f}' for s in soak.fetch_s)} s)")

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from engine.model.arch import ArchConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.packed_linear import can_pack, pack_linears
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
 FUSED_PARTS = {
@@ -85,4 +86,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
         model.lm_head.weight = model.embed_tokens.weight
     # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
     model.rotary = type(model.rotary)(cfg, max_len)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if can_pack(device, dtype):
+        pack_linears(model)
+    return model

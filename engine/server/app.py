@@ -51,7 +51,7 @@ class ServerConfig:
     body_read_timeout_s: float = 30.0  # a body not complete this long after its request arrived: 408
     header_read_timeout_s: float = 10.0  # request line + headers must arrive within this of the first byte
     timeout_keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    batch_history_max_records: int = 10_000  # BatchRecords kept for GET /stallfree/batches (~700 B RSS each)
+    batch_history_max_records: int = 5_000  # BatchRecords kept for GET /stallfree/batches (~700 B RSS each)
     batch_history_max_age_s: float = 300.0  # ... and none that started longer than this before the newest
 
     def validate(self) -> None:

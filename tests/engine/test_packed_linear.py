@@ -1,0 +1,42 @@
+"""PackedLinear (oneDNN, weights reordered once) computes what nn.Linear computes, and fp32 CPU models
+use it. Token equality with HF on packed models is in test_engine_correctness.py."""
+import pytest
+import torch
+from torch import nn
+
+from engine.model.packed_linear import PackedLinear, can_pack, pack_linears
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="no oneDNN in this torch")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_linear(rows, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 80, bias=bias)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(PackedLinear(linear)(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_pack_linears_replaces_every_linear_and_keeps_the_rest():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4, bias=False)))
+    x = torch.randn(3, 8)
+    expected = model(x)
+    pack_linears(model)
+    assert [type(m).__name__ for m in model.modules() if not isinstance(m, nn.Sequential)] == [
+        "PackedLinear", "ReLU", "PackedLinear"]
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_fp32_on_cpu_is_packed():
+    assert not can_pack(torch.device("cpu"), torch.bfloat16)
+    assert not can_pack(torch.device("cuda"), torch.float32)
+
+
+def test_fp32_engine_model_uses_packed_linears():
+    from engine import LLM
+
+    llm = LLM("tiny", dtype="float32")
+    model = llm.engine.runner.model
+    assert isinstance(model.lm_head, PackedLinear)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
