@@ -11,6 +11,7 @@ let the simulator replay the real iterations' spread, whose tail decides TBT per
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -19,7 +20,12 @@ import torch
 
 from engine.outputs import BatchRecord
 
+log = logging.getLogger(__name__)
+
 COST_MODEL_VERSION = 3  # bump when the features or the fit change: cached profiles are then refitted
+# Bump when the real runner's speed changes (kernels, linears): profiles of an older engine are refitted
+# when cached, and named in a warning when loaded from a file. 2: fp32 CPU linears on oneDNN.
+ENGINE_REVISION = 2
 NUM_RESIDUAL_QUANTILES = 41
 HOLDOUT_FRACTION = 0.2
 
@@ -98,6 +104,11 @@ class CostModel:
         if unknown or not model.residual_quantiles:
             raise ValueError(f"model.cost_model: {path} is not a version-{COST_MODEL_VERSION} cost model "
                              f"(unknown features {sorted(unknown)}); profile it again with stallfree-profile")
+        profiled_on = model.fitted_on.get("engine_revision", 1) if "num_records" in model.fitted_on else None
+        if profiled_on not in (None, ENGINE_REVISION):
+            log.warning("model.cost_model: %s was profiled on engine revision %s, this engine is revision %s; "
+                        "its iteration times may be off: profile it again with stallfree-profile",
+                        path, profiled_on, ENGINE_REVISION)
         return model
 
 

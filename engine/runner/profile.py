@@ -21,7 +21,7 @@ from engine.config import EngineConfig
 from engine.model.presets import cache_root
 from engine.outputs import BatchRecord
 from engine.request import SamplingParams
-from engine.runner.cost_model import COST_MODEL_VERSION, CostModel
+from engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 
 PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
 WARMUP_ITERATIONS = 2  # the first iterations of an engine carry one-off costs (allocation, kernel builds)
@@ -50,7 +50,7 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     ``use_cache`` it is kept as JSON in the preset cache folder, keyed by everything that changes
     iteration times. ``progress`` gets the number of requests finished since its last call."""
     mc, cc = config.model, config.cache
-    key = [COST_MODEL_VERSION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
+    key = [COST_MODEL_VERSION, ENGINE_REVISION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
            torch.get_num_threads(), num_requests, seed]
     path = cache_root() / "cost_models" / (hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16] + ".json")
     if use_cache and path.is_file():
@@ -81,5 +81,5 @@ def _describe(config: EngineConfig, engine: ProfiledEngine) -> dict:
                 else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
     return {"model": config.model.model, "device": str(device), "hardware": hardware, "dtype": str(engine.dtype),
             "attention_backend": config.model.attention_backend, "block_size": config.cache.block_size,
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__, "engine_revision": ENGINE_REVISION, "date": datetime.date.today().isoformat(),
             "policies": [f"{p}-{c}" if c else p for p, c in PROFILE_POLICIES]}

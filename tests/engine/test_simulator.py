@@ -6,7 +6,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.outputs import BatchRecord
-from engine.runner.cost_model import CostModel, IterationFeatures
+from engine.runner.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
 
 FIXED = CostModel(coefficients={"intercept": 0.004, "num_prefill_tokens": 2e-5, "num_decode_seqs": 3e-4,
                                 "prefill_attention_work": 1e-8, "decode_context_tokens": 2e-7})
@@ -71,6 +71,17 @@ def test_an_old_cost_model_file_is_refused_with_a_clear_error(tmp_path):
     path.write_text('{"coefficients": {"num_kv_blocks_used": 1e-5}}')
     with pytest.raises(ValueError, match="model.cost_model.*stallfree-profile"):
         CostModel.load(path)
+
+
+def test_a_profile_of_an_older_engine_loads_with_a_warning_naming_it(tmp_path, caplog):
+    records = [record(*s, predicted(FIXED, record(*s, 0))) for s in random_shapes(40, seed=1)]
+    CostModel.fit(records, fitted_on={"engine_revision": ENGINE_REVISION}).save(tmp_path / "current.json")
+    CostModel.fit(records, fitted_on={}).save(tmp_path / "old.json")  # before revisions were recorded
+    with caplog.at_level("WARNING", logger="engine.runner.cost_model"):
+        CostModel.load(tmp_path / "current.json")
+        assert not caplog.text
+        CostModel.load(tmp_path / "old.json")
+    assert f"old.json was profiled on engine revision 1, this engine is revision {ENGINE_REVISION}" in caplog.text
 
 
 @pytest.fixture
