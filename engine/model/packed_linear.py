@@ -7,8 +7,17 @@ docs/performance.md). bf16 already goes through oneDNN, so only fp32 is packed.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
+
+# oneDNN, and ideep in front of it, cache a primitive per input shape (1,024 each by default), each
+# holding its own reordered copy of the weight. A server sees hundreds of batch sizes: a 30-minute soak
+# of `tiny` grew by 65 MiB, and 1,200 sizes through four small linears took 1.3 GB. With 16 entries
+# RSS stayed bounded and steps were no slower. Read when oneDNN first runs, so set before that; a value
+# already in the environment wins.
+PRIMITIVE_CACHE_CAPACITY = "16"
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -20,6 +29,8 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+            os.environ.setdefault(variable, PRIMITIVE_CACHE_CAPACITY)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # None: pack for any number of input rows (decode steps and prefill chunks share the weight)
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)

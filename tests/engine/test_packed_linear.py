@@ -1,5 +1,9 @@
 """PackedLinear (oneDNN, weights reordered once) computes what nn.Linear computes, and fp32 CPU models
 use it. Token equality with HF on packed models is in test_engine_correctness.py."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -40,3 +44,29 @@ def test_fp32_engine_model_uses_packed_linears():
     model = llm.engine.runner.model
     assert isinstance(model.lm_head, PackedLinear)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
+
+
+RSS_AFTER_MANY_BATCH_SIZES = """
+import torch
+from engine.model.packed_linear import PackedLinear
+
+def rss_mib():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) / 1024
+
+linears = [PackedLinear(torch.nn.Linear(128, 2048, bias=False)) for _ in range(2)]  # 1 MiB weights
+start = rss_mib()
+for rows in range(1, 401):
+    x = torch.randn(rows, 128)
+    for linear in linears:
+        linear(x)
+print(rss_mib() - start)
+"""
+
+
+def test_many_batch_sizes_leave_rss_bounded():
+    """oneDNN caches a primitive with a weight copy per input shape: unbounded, 400 batch sizes through two
+    1 MiB weights grew RSS by ~240 MiB (43 MiB bounded)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", RSS_AFTER_MANY_BATCH_SIZES], capture_output=True, text=True,
+                         env=env, timeout=300, check=True)
+    assert float(out.stdout) < 150, out.stdout
