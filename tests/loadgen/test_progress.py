@@ -21,9 +21,9 @@ def multirun_config(task_overrides: list[str]):
 
 
 @pytest.mark.parametrize("overrides, jobs, swept", [
-    (["+experiment=demo"], 16, ("scheduler", "chunk_size", "qps")),
+    (["+experiment=demo"], 12, ("scheduler", "chunk_size", "qps")),
     (["+experiment=demo", "qps=1,2", "seed=3"], 8, ("scheduler", "chunk_size", "qps")),
-    (["+experiment=demo", "scheduler=sarathi"], 8, ("chunk_size", "qps")),
+    (["+experiment=demo", "scheduler=sarathi"], 6, ("chunk_size", "qps")),
     (["scheduler=vllm,sarathi", "model.runner=model,simulated", "repeats=2"], 4, ("scheduler", "model.runner")),
 ])
 def test_sweep_plan_counts_the_jobs_of_preset_and_command_line(overrides, jobs, swept):
