@@ -140,7 +140,7 @@ def main() -> None:
     result["decode_step_s_batch1"] = iteration_times(single, decode_seqs=1)
 
     linear_params, lm_head = linear_param_counts(ArchConfig.from_dir(path))
-    weight_bytes = linear_params * torch.tensor([], dtype=torch_dtype).element_size()
+    weight_bytes = linear_params * torch_dtype.itemsize
     prefill_flops = 2 * (linear_params - lm_head) * 512 + 2 * lm_head  # lm_head only for the last token
     result["weight_bytes"] = weight_bytes
     result["prefill_frac_of_matmul_peak"] = prefill_flops / result["prefill_512_chunk_s"] / result["matmul_flops"]

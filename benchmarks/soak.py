@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import random
 import statistics
@@ -164,11 +165,13 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
 
 def gap_split(soak: Soak, warmup: float) -> tuple[list[float], list[float]]:
     """Token gaps after warm-up: those that overlap a history fetch, and the others."""
+    starts = [start for start, _ in soak.fetch_windows]  # fetches run one after another: sorted, disjoint
     during, outside = [], []
     for end, gap in soak.token_gaps:
         if end - gap < warmup:
             continue
-        overlaps = any(start < end and end - gap < stop for start, stop in soak.fetch_windows)
+        last = bisect.bisect_left(starts, end) - 1  # the last fetch that started before the gap ended
+        overlaps = last >= 0 and soak.fetch_windows[last][1] > end - gap
         (during if overlaps else outside).append(gap)
     return during, outside
 
