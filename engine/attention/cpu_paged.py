@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.native import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_paged_attention
+from engine.attention.native import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_cpu_kernels
 
 
 def cpu_paged_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     return (device.type == "cpu" and dtype in KERNEL_SUFFIXES and head_dim % HEAD_DIM_MULTIPLE == 0
-            and load_paged_attention() is not None)
+            and load_cpu_kernels() is not None)
 
 
 class CPUPagedAttention:
@@ -30,7 +30,7 @@ class CPUPagedAttention:
             raise ValueError(f"model.attention_backend='cpu_paged' supports dtypes {sorted(map(str, KERNEL_SUFFIXES))} "
                              f"and head dims that are multiples of {HEAD_DIM_MULTIPLE}, not {dtype} with head_dim "
                              f"{head_dim}; use 'sdpa'")
-        lib = load_paged_attention()
+        lib = load_cpu_kernels()
         if lib is None:
             raise ValueError("model.attention_backend='cpu_paged' needs a C++ compiler to build its kernel "
                              "(see the log); use 'sdpa'")

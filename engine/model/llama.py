@@ -16,7 +16,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x), or with ``residual``: (norm(x + residual), x + residual), the sum being the next residual."""
+        if residual is None:
+            return self.normalize(x)
+        residual = x + residual
+        return self.normalize(residual), residual
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in fp32 and scale in the model dtype, like transformers, so bf16 outputs match.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -55,14 +62,25 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    cos, sin = cos_sin
-    return x * cos + rotate_half(x) * sin
+class ApplyRotary(nn.Module):
+    """Rotates Q and K by their positions' angles (the rotate-half form of Llama and transformers)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+        cos, sin = cos_sin
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+class SiluAndMul(nn.Module):
+    """silu(gate) * up for the fused gate_up projection's output ``[gate | up]``."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return nn.functional.silu(gate) * up
 
 
 class Attention(nn.Module):
@@ -73,13 +91,14 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.rotary = ApplyRotary()
 
     def forward(self, x, cos_sin, attn_backend, kv_cache, meta: AttentionMetadata):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos_sin), apply_rotary(k, cos_sin)
+        q, k = self.rotary(q, k, cos_sin)
         return self.o_proj(attn_backend(q, k, v, kv_cache[0], kv_cache[1], meta))
 
 
@@ -88,10 +107,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -102,9 +121,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos_sin, attn_backend, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, attn_backend, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos_sin, attn_backend, kv_cache, meta):
+        """Returns (this layer's output, the residual stream before it): the add that joins them is done
+        by the next norm, where it fuses (vLLM's layout)."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos_sin, attn_backend, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -124,8 +150,10 @@ class LlamaForCausalLM(nn.Module):
         """Run the flat batch; return fp32 logits of the rows in ``logits_indices``."""
         x = self.embed_tokens(input_ids)
         cos_sin = self.rotary(positions, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos_sin, attn_backend, kv_cache, meta)
+            x, residual = layer(x, residual, cos_sin, attn_backend, kv_cache, meta)
         if logits_indices.numel() == 0:  # a partial prefill chunk samples nothing
             return x.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
-        return self.lm_head(self.norm(x[logits_indices])).float()
+        x, _ = self.norm(x[logits_indices], residual[logits_indices])
+        return self.lm_head(x).float()

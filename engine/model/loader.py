@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from engine.model.arch import ArchConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.native_ops import can_use_native_ops, use_native_ops
 from engine.model.packed_linear import can_pack, pack_linears
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
@@ -89,4 +90,6 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
     model = model.to(device=device, dtype=dtype).eval()
     if can_pack(device, dtype):
         pack_linears(model)
+    if can_use_native_ops(device, dtype):
+        use_native_ops(model)
     return model

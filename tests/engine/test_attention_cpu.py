@@ -115,7 +115,7 @@ def test_kernel_reads_only_its_own_blocks():
 def test_auto_picks_the_native_backend_on_cpu():
     dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=32 ** -0.5)
     cpu = torch.device("cpu")
-    assert native.load_paged_attention() is not None
+    assert native.load_cpu_kernels() is not None
     assert type(make_attention_backend("auto", cpu, torch.bfloat16, **dims)) is CPUPagedAttention
     assert type(make_attention_backend("sdpa", cpu, torch.bfloat16, **dims)) is SDPAAttention
     # head dims the kernel's vectors do not divide fall back to the portable path
@@ -141,9 +141,9 @@ def test_without_a_working_compiler_auto_falls_back_to_sdpa(compiler, monkeypatc
     monkeypatch.setenv("CXX", compiler)
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name: real_which(name) if name == compiler else None)
-    native.load_paged_attention.cache_clear()
+    native.load_cpu_kernels.cache_clear()
     try:
-        assert native.load_paged_attention() is None
+        assert native.load_cpu_kernels() is None
         assert "portable" in caplog.text
         dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=1.0)
         cpu = torch.device("cpu")
@@ -151,4 +151,4 @@ def test_without_a_working_compiler_auto_falls_back_to_sdpa(compiler, monkeypatc
         with pytest.raises(ValueError, match="C\\+\\+ compiler"):
             make_attention_backend("cpu_paged", cpu, torch.float32, **dims)
     finally:
-        native.load_paged_attention.cache_clear()
+        native.load_cpu_kernels.cache_clear()

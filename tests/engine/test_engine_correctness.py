@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.attention.native import load_paged_attention
+from engine.attention.native import load_cpu_kernels
+from engine.model import loader
 from tests.engine.helpers import make_prompts, run_staggered
 
 MAX_TOKENS = 12
@@ -31,15 +32,19 @@ def hf_reference(arch_paths, prompts):
     return refs
 
 
-# "auto" is the native paged-attention kernel on CPU; "sdpa" keeps the portable gather path covered too.
+# "auto" is the native paged-attention kernel on CPU, with the native layer ops; "sdpa" cases run the
+# portable PyTorch paths of both, so those stay covered too.
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize(("policy", "chunk_size", "backend"), [(*case, "auto") for case in POLICY_CASES] + [
     ("vllm", 512, "sdpa"), ("sarathi", 16, "sdpa")])
-def test_greedy_matches_hf(arch, policy, chunk_size, backend, arch_paths, prompts, hf_reference):
+def test_greedy_matches_hf(arch, policy, chunk_size, backend, arch_paths, prompts, hf_reference, monkeypatch):
+    if backend == "sdpa":
+        monkeypatch.setattr(loader, "can_use_native_ops", lambda device, dtype: False)
     engine = LLMEngine.from_kwargs(model=str(arch_paths[arch]), scheduler=policy, chunk_size=chunk_size,
                                    dtype="float32", max_num_seqs=6, attention_backend=backend)
-    native_kernel = backend == "auto" and load_paged_attention() is not None
+    native_kernel = backend == "auto" and load_cpu_kernels() is not None
     assert type(engine.runner.attn_backend).__name__ == ("CPUPagedAttention" if native_kernel else "SDPAAttention")
+    assert type(engine.runner.model.norm).__name__ == ("NativeRMSNorm" if native_kernel else "RMSNorm")
     outputs = run_staggered(engine, prompts, MAX_TOKENS)
     assert [outputs[f"r{i}"] for i in range(len(prompts))] == hf_reference[arch]
     assert len({tuple(o) for o in hf_reference[arch]}) == len(prompts)  # outputs are varied, not one token
