@@ -105,23 +105,24 @@ async def sample(client: httpx.AsyncClient, pid: int, t0: float, soak: Soak) -> 
     soak.health_s.append(health)
 
 
-# The fetch runs in a process of its own: read in this one, a 10 MB response would stall this event
-# loop, and the /health probes would time the client instead of the server.
-FETCH_SCRIPT = ("import sys, time, urllib.request; t = time.perf_counter(); "
-                "urllib.request.urlopen(sys.argv[1], timeout=120).read(); print(time.perf_counter() - t)")
+# The fetch runs in a process of its own, started once: read in this one, a 10 MB response would stall
+# this event loop, and the /health probes would time the client instead of the server; a new Python
+# process per fetch spent ~300 ms of a core starting up, inside the window the token gaps are compared in.
+FETCHER_SCRIPT = ("import sys, time, urllib.request\n"
+                  "for url in sys.stdin:\n"
+                  "    t = time.perf_counter(); urllib.request.urlopen(url.strip(), timeout=120).read()\n"
+                  "    print(time.perf_counter() - t, flush=True)\n")
 
 
-async def fetch_history(client: httpx.AsyncClient, soak: Soak, t0: float) -> None:
+async def fetch_history(client: httpx.AsyncClient, fetcher: asyncio.subprocess.Process, soak: Soak,
+                        t0: float) -> None:
     started = time.monotonic() - t0
-    fetch = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FETCH_SCRIPT, f"{str(client.base_url).rstrip('/')}/stallfree/batches?since=0",
-        stdout=asyncio.subprocess.PIPE)
-    done = asyncio.ensure_future(fetch.communicate())
+    fetcher.stdin.write(f"{str(client.base_url).rstrip('/')}/stallfree/batches?since=0\n".encode())
+    done = asyncio.ensure_future(fetcher.stdout.readline())
     while not done.done():
         _, health = await timed_get(client, "/health")
         soak.health_during_fetch_s.append(health)
-    stdout, _ = await done
-    soak.fetch_s.append(float(stdout or "nan"))
+    soak.fetch_s.append(float(await done or "nan"))
     soak.fetch_windows.append((started, time.monotonic() - t0))
 
 
@@ -130,6 +131,8 @@ async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
     # Idle connections are dropped before the server's keep-alive timeout (5 s), so that a request is
     # never sent on a connection the server is closing.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
+    fetcher = await asyncio.create_subprocess_exec(sys.executable, "-c", FETCHER_SCRIPT, stdin=asyncio.subprocess.PIPE,
+                                                   stdout=asyncio.subprocess.PIPE)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, trust_env=False) as client, \
             httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as probe:
         t0 = time.monotonic()
@@ -142,7 +145,7 @@ async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
                     await sample(probe, pid, t0, soak)
                     next_sample += args.sample_every
                 elif now >= next_fetch and now >= args.warmup:
-                    await fetch_history(probe, soak, t0)
+                    await fetch_history(probe, fetcher, soak, t0)
                     next_fetch = now + args.fetch_every
                 else:
                     await asyncio.sleep(min(due - now, 0.01))
@@ -153,6 +156,8 @@ async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
             task.add_done_callback(requests.discard)
         await asyncio.gather(*requests)
         await sample(probe, pid, t0, soak)
+    fetcher.stdin.close()
+    await fetcher.wait()
     return soak
 
 

@@ -5,7 +5,8 @@ over HTTP) against each server in turn, on the same materialized preset director
 dtype (``--dtype auto``: bf16 where the CPU has native bf16 matmuls, else fp32) with a chunked-prefill
 budget of 512 tokens per iteration and the same KV cache budget (``--kv-gib``, vLLM's
 VLLM_CPU_KVCACHE_SPACE). vLLM's engine is bound to all cores (by default it reserves one for its front
-end), as stallfree's uses them all. ``--peer`` is a script that installs and serves
+end), as stallfree's uses them all. Both servers stay up and take ``--rounds`` turns (stallfree, vLLM,
+stallfree, ...); the result has each round, the medians, and the CPU the idle server used meanwhile. ``--peer`` is a script that installs and serves
 vLLM's CPU build (``PEER setup``, then ``PEER serve MODEL_DIR PORT [vLLM args]``); run its setup first.
 
     python -m benchmarks.vs_vllm_cpu --peer PATH/TO/vllm_cpu.sh [--model small|smollm2] [--dtype auto]
@@ -57,40 +58,72 @@ def latency(rows: list[RequestRecord]) -> dict:
             "p99_itl_ms": 1000 * statistics.quantiles(itl, n=100)[98]}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of process ``pid`` and its live descendants (/proc), in seconds."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone
+        stats[int(entry.name)] = int(fields[1]), int(fields[11]) + int(fields[12])  # ppid, utime + stime
+    tree = {pid}
+    for _ in range(8):  # bash -> python -> engine core -> ...: a few levels deep
+        tree |= {p for p, (ppid, _) in stats.items() if ppid in tree}
+    ticks = sum(stats[p][1] for p in tree if p in stats)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_round(name: str, url: str, model: str, prompts, max_tokens: int, idle: subprocess.Popen) -> dict:
+    """One burst against ``url``, with the CPU the other (idle) server used meanwhile."""
+    idle_before = cpu_seconds(idle.pid)
+    tok_s, rows = measure_burst(url, model, prompts, max_tokens)
+    return {"server": name, "tok_s": tok_s, **latency(rows), "idle_peer_cpu_s": cpu_seconds(idle.pid) - idle_before}
+
+
 def main() -> None:
     ap = workload_parser(__doc__, "benchmarks/results/vs_vllm_cpu.json")
     ap.add_argument("--peer", required=True, help="script that serves vLLM's CPU build: PEER serve DIR PORT ...")
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     ap.add_argument("--kv-gib", type=float, default=4.0, help="KV cache budget of both servers, GiB")
+    ap.add_argument("--rounds", type=int, default=2, help="bursts per server, alternating (new prompts each round)")
     args = ap.parse_args()
     model_dir = resolve_model_path(args.model)
     dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
-    prompts = make_prompts(args.num_requests, args.prompt_len, ArchConfig.from_dir(model_dir).vocab_size)
+    vocab_size = ArchConfig.from_dir(model_dir).vocab_size
     result: dict = {"model": args.model, "dtype": dtype, "num_requests": args.num_requests,
                     "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "chunk": args.chunk,
-                    "kv_gib": args.kv_gib}
-
-    proc = start_server(args.model, 8124, args.chunk, f"model.dtype={dtype}", f"model.kv_memory_gib={args.kv_gib}")
-    try:
-        result["stallfree_tok_s"], rows = measure_burst("http://127.0.0.1:8124", args.model, prompts,
-                                                        args.max_tokens)
-        result |= {f"stallfree_{k}": v for k, v in latency(rows).items()}
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
+                    "kv_gib": args.kv_gib, "rounds": []}
     log = Path(args.out).with_suffix(".vllm.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    proc = start_vllm(args.peer, model_dir, 8125, args.chunk, dtype, args.kv_gib, log)
+    # Both servers stay up and take turns, so a slow spell of the machine falls on both; each round has
+    # prompts of its own (vLLM caches prefixes, stallfree does not).
+    ours = start_server(args.model, 8124, args.chunk, f"model.dtype={dtype}", f"model.kv_memory_gib={args.kv_gib}")
+    peer = None
     try:
-        result["vllm_tok_s"], rows = measure_burst("http://127.0.0.1:8125", str(model_dir), prompts,
-                                                   args.max_tokens)
-        result |= {f"vllm_{k}": v for k, v in latency(rows).items()}
+        peer = start_vllm(args.peer, model_dir, 8125, args.chunk, dtype, args.kv_gib, log)
+        for i in range(args.rounds):
+            prompts = make_prompts(args.num_requests, args.prompt_len, vocab_size, seed=i)
+            result["rounds"].append(run_round("stallfree", "http://127.0.0.1:8124", args.model, prompts,
+                                              args.max_tokens, idle=peer))
+            result["rounds"].append(run_round("vllm", "http://127.0.0.1:8125", str(model_dir), prompts,
+                                              args.max_tokens, idle=ours))
+            print(result["rounds"][-2:], flush=True)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        for proc in (ours, peer):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(60)
+    for server in ("stallfree", "vllm"):  # medians over the rounds
+        mine = [r for r in result["rounds"] if r["server"] == server]
+        for key in ("tok_s", "median_ttft_ms", "median_itl_ms", "p99_itl_ms"):
+            result[f"{server}_{key}"] = statistics.median(r[key] for r in mine)
     result["ratio_stallfree_vs_vllm"] = result["stallfree_tok_s"] / result["vllm_tok_s"]
+    result["ratio_per_round"] = [a["tok_s"] / b["tok_s"] for a, b in zip(result["rounds"][::2], result["rounds"][1::2],
+                                                                         strict=True)]
     write_result(result, args.out)
 
 

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 COST_MODEL_VERSION = 3  # bump when the features or the fit change: cached profiles are then refitted
 # Bump when the real runner's speed changes (kernels, linears): profiles of an older engine are refitted
 # when cached, and named in a warning when loaded from a file. 2: fp32 CPU linears on oneDNN.
-ENGINE_REVISION = 2
+# 3: fused native layer ops on the CPU.
+ENGINE_REVISION = 3
 NUM_RESIDUAL_QUANTILES = 41
 HOLDOUT_FRACTION = 0.2
 
