@@ -1,8 +1,10 @@
 """Bounded soak test: a steady open-loop stream of completions against a stallfree-serve this script
 starts, sampling the server's RSS (/proc/<pid>/status), its batch history size (the
 ``stallfree:batch_history_records`` gauge) and the error count; every ``--fetch-every`` seconds it
-fetches the whole batch history while timing /health, to see whether the fetch stalls the event loop,
-and compares the token gaps of the streams in flight during fetches with those outside them.
+fetches the whole batch history while timing /health, to see whether the fetch stalls the event loop.
+Halfway between two fetches it runs a control window: the same fetcher and /health probing for as long
+as the last fetch took, but fetching /health. The stall a fetch adds to the streams is their token gaps
+during fetches beyond their gaps during the control windows (the probing itself costs both CPU).
 
     python benchmarks/soak.py --rate 20 --duration 150 --warmup 30
 
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import bisect
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -39,6 +42,7 @@ class Soak:
     health_during_fetch_s: list[float] = field(default_factory=list)
     fetch_s: list[float] = field(default_factory=list)
     fetch_windows: list[tuple[float, float]] = field(default_factory=list)  # (start, end), seconds since t0
+    control_windows: list[tuple[float, float]] = field(default_factory=list)  # the same, fetching /health
     token_gaps: list[tuple[float, float]] = field(default_factory=list)  # (end of the gap since t0, seconds)
 
     def count(self, status: str, t: float, detail: str = "") -> None:
@@ -114,16 +118,22 @@ FETCHER_SCRIPT = ("import sys, time, urllib.request\n"
                   "    print(time.perf_counter() - t, flush=True)\n")
 
 
-async def fetch_history(client: httpx.AsyncClient, fetcher: asyncio.subprocess.Process, soak: Soak,
-                        t0: float) -> None:
+async def probe_window(client: httpx.AsyncClient, fetcher: asyncio.subprocess.Process, soak: Soak, t0: float,
+                       control: bool) -> None:
+    """A history fetch (control: a /health fetch lasting as long as the last history fetch) by the
+    fetcher process, with /health timed back to back meanwhile."""
     started = time.monotonic() - t0
-    fetcher.stdin.write(f"{str(client.base_url).rstrip('/')}/stallfree/batches?since=0\n".encode())
+    path = "/health" if control else "/stallfree/batches?since=0"
+    fetcher.stdin.write(f"{str(client.base_url).rstrip('/')}{path}\n".encode())
     done = asyncio.ensure_future(fetcher.stdout.readline())
-    while not done.done():
+    min_end = started + (soak.fetch_s[-1] if control else 0.0)
+    while not done.done() or time.monotonic() - t0 < min_end:
         _, health = await timed_get(client, "/health")
-        soak.health_during_fetch_s.append(health)
-    soak.fetch_s.append(float(await done or "nan"))
-    soak.fetch_windows.append((started, time.monotonic() - t0))
+        (soak.health_s if control else soak.health_during_fetch_s).append(health)
+    fetch_s = float(await done or "nan")
+    if not control:
+        soak.fetch_s.append(fetch_s)
+    (soak.control_windows if control else soak.fetch_windows).append((started, time.monotonic() - t0))
 
 
 async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
@@ -138,6 +148,7 @@ async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
         t0 = time.monotonic()
         requests: set[asyncio.Task] = set()
         next_sample = next_fetch = 0.0
+        next_control = math.inf
         for i in range(int(args.rate * args.duration)):
             due = i / args.rate
             while (now := time.monotonic() - t0) < due:
@@ -145,8 +156,11 @@ async def soak_run(url: str, pid: int, args: argparse.Namespace) -> Soak:
                     await sample(probe, pid, t0, soak)
                     next_sample += args.sample_every
                 elif now >= next_fetch and now >= args.warmup:
-                    await fetch_history(probe, fetcher, soak, t0)
-                    next_fetch = now + args.fetch_every
+                    await probe_window(probe, fetcher, soak, t0, control=False)
+                    next_fetch, next_control = now + args.fetch_every, now + args.fetch_every / 2
+                elif now >= next_control:
+                    await probe_window(probe, fetcher, soak, t0, control=True)
+                    next_control = math.inf
                 else:
                     await asyncio.sleep(min(due - now, 0.01))
             body = {"prompt": [rng.randrange(3, 2000) for _ in range(args.prompt_tokens)],
@@ -168,17 +182,25 @@ def slope_per_min(points: list[tuple[float, float]]) -> float:
     return statistics.linear_regression(times, values).slope * 60
 
 
-def gap_split(soak: Soak, warmup: float) -> tuple[list[float], list[float]]:
-    """Token gaps after warm-up: those that overlap a history fetch, and the others."""
-    starts = [start for start, _ in soak.fetch_windows]  # fetches run one after another: sorted, disjoint
-    during, outside = [], []
+def overlaps(windows: list[tuple[float, float]], start: float, end: float) -> bool:
+    """Whether [start, end] overlaps one of ``windows`` (sorted, disjoint)."""
+    last = bisect.bisect_left(windows, (end,)) - 1  # the last window that started before ``end``
+    return last >= 0 and windows[last][1] > start
+
+
+def gap_split(soak: Soak, warmup: float) -> dict[str, list[float]]:
+    """Token gaps after warm-up: those that overlap a history fetch, a control window, or neither."""
+    split: dict[str, list[float]] = {"during_fetch": [], "during_control": [], "outside_fetch": []}
     for end, gap in soak.token_gaps:
         if end - gap < warmup:
             continue
-        last = bisect.bisect_left(starts, end) - 1  # the last fetch that started before the gap ended
-        overlaps = last >= 0 and soak.fetch_windows[last][1] > end - gap
-        (during if overlaps else outside).append(gap)
-    return during, outside
+        where = ("during_fetch" if overlaps(soak.fetch_windows, end - gap, end) else
+                 "during_control" if overlaps(soak.control_windows, end - gap, end) else "outside_fetch")
+        split[where].append(gap)
+    return split
+
+
+QUANTILES = (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
 
 
 def gap_ms(gaps: list[float], q: float) -> float:
@@ -189,6 +211,7 @@ def summary(soak: Soak, args: argparse.Namespace) -> dict:
     steady = [(t, v) for t, v in soak.rss_mib if t >= args.warmup]
     latencies = sorted(soak.latencies_s) or [0.0]
     errors = sum(n for status, n in soak.statuses.items() if status != "200")
+    gaps = gap_split(soak, args.warmup)
     return {
         "config": vars(args),
         "requests": sum(soak.statuses.values()), "errors": errors, "statuses": soak.statuses,
@@ -200,10 +223,11 @@ def summary(soak: Soak, args: argparse.Namespace) -> dict:
         "health_max_ms": 1000 * max(soak.health_s, default=0.0),
         "health_max_ms_during_history_fetch": 1000 * max(soak.health_during_fetch_s, default=0.0),
         "history_fetch_s": soak.fetch_s,
-        # The stall a fetch adds to a stream: its largest token gap beyond the largest gap outside fetches.
-        **{f"token_gap_{name}_ms_{where}": gap_ms(gaps, q) for where, gaps in zip(
-            ("during_fetch", "outside_fetch"), gap_split(soak, args.warmup), strict=True)
-           for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))},
+        **{f"token_gap_{name}_ms_{where}": gap_ms(gaps, q) for where, gaps in gaps.items()
+           for name, q in QUANTILES},
+        # The stall a fetch adds to a stream: its token gaps beyond those of the control windows.
+        **{f"fetch_stall_{name}_ms": gap_ms(gaps["during_fetch"], q) - gap_ms(gaps["during_control"], q)
+           for name, q in QUANTILES},
         "samples": asdict(soak) | {"latencies_s": None, "token_gaps": None},
     }
 
@@ -234,9 +258,11 @@ def main() -> None:
           f"p50 {result['latency_p50_s']:.3f} s, p99 {result['latency_p99_s']:.3f} s")
     print(f"RSS after warm-up {result['rss_mib_after_warmup']} MiB, slope {result['rss_slope_mib_per_min']:+.2f} "
           f"MiB/min; batch history max {result['batch_history_records_max']} records")
-    print(f"token gaps p99 / max: during fetches {result['token_gap_p99_ms_during_fetch']:.1f} / "
-          f"{result['token_gap_max_ms_during_fetch']:.1f} ms, outside {result['token_gap_p99_ms_outside_fetch']:.1f} / "
-          f"{result['token_gap_max_ms_outside_fetch']:.1f} ms")
+    print("token gaps p50 / p99 / max: " + "; ".join(
+        f"{where.replace('_', ' ')} " + " / ".join(f"{result[f'token_gap_{name}_ms_{where}']:.1f}" for name, _ in QUANTILES)
+        for where in ("during_fetch", "during_control", "outside_fetch")) + " ms")
+    print("stall a fetch adds (during fetch - during control) p50 / p99 / max: "
+          + " / ".join(f"{result[f'fetch_stall_{name}_ms']:+.1f}" for name, _ in QUANTILES) + " ms")
     print(f"/health max {result['health_max_ms']:.1f} ms, during history fetches "
           f"{result['health_max_ms_during_history_fetch']:.1f} ms (fetches: "
           f"{', '.join(f'{s:.2f}' for s in soak.fetch_s)} s)")
