@@ -6,12 +6,17 @@ attention work: for each prefill chunk its tokens x the context they attend to, 
 sum of their context lengths. The fit is least squares on seconds (weighting iterations by 1 / their
 time fitted this machine's profile worse: its decode iterations are nearly flat in batch size and noisy),
 keeps no negative per-unit cost, and records its relative error on held-out iterations. ``residual_quantiles`` (actual / predicted over the profile)
-let the simulator replay the real iterations' spread, whose tail decides TBT percentiles and SLOs.
+let the simulator replay the real iterations' spread, whose tail decides TBT percentiles and SLOs. They
+are kept per bucket of predicted time: the relative spread of a 20 ms decode step on a CPU is several
+times that of a 500 ms prefill chunk, and one pooled spread put the decode steps' tail on the prefill
+iterations, so the simulated P99 TBT came out 25-36% high.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import math
 import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -22,12 +27,14 @@ from engine.outputs import BatchRecord
 
 log = logging.getLogger(__name__)
 
-COST_MODEL_VERSION = 3  # bump when the features or the fit change: cached profiles are then refitted
+COST_MODEL_VERSION = 4  # bump when the features or the fit change: cached profiles are then refitted
 # Bump when the real runner's speed changes (kernels, linears): profiles of an older engine are refitted
 # when cached, and named in a warning when loaded from a file. 2: fp32 CPU linears on oneDNN.
 # 3: fused native layer ops on the CPU.
 ENGINE_REVISION = 3
 NUM_RESIDUAL_QUANTILES = 41
+NUM_RESIDUAL_BUCKETS = 3  # of predicted time, equal in profiled iterations
+MIN_BUCKET_RECORDS = 30
 HOLDOUT_FRACTION = 0.2
 
 
@@ -53,18 +60,26 @@ FEATURES = ("intercept", *(f.name for f in fields(IterationFeatures)))
 @dataclass
 class CostModel:
     coefficients: dict[str, float]  # seconds per unit of each feature (intercept: seconds per iteration)
-    # actual / predicted iteration time over the profile, at evenly spaced quantiles (1.0 each: no spread)
-    residual_quantiles: list[float] = field(default_factory=lambda: [1.0])
+    # actual / predicted iteration time over the profile, at evenly spaced quantiles (1.0 each: no spread),
+    # one list per bucket of predicted time (a flat list: one bucket)
+    residual_quantiles: list[list[float]] = field(default_factory=lambda: [[1.0]])
+    residual_bounds_s: list[float] = field(default_factory=list)  # the predicted time where each next bucket starts
     fitted_on: dict = field(default_factory=dict)  # model, device, dtype, backend, threads, records, date, ...
     holdout_error: dict = field(default_factory=dict)  # relative error on iterations left out of the fit
+
+    def __post_init__(self):
+        if self.residual_quantiles and not isinstance(self.residual_quantiles[0], list):
+            self.residual_quantiles = [self.residual_quantiles]
 
     def predict(self, features: IterationFeatures) -> float:
         """The expected time of one iteration, in seconds."""
         return max(0.0, sum(c * x for c, x in zip(self._coefficient_row(), features.row(), strict=True)))
 
     def sample(self, features: IterationFeatures, rng: random.Random) -> float:
-        """One iteration's time: the expected time scaled by a residual drawn from the profile."""
-        return self.predict(features) * rng.choice(self.residual_quantiles)
+        """One iteration's time: the expected time scaled by a residual drawn from the profiled iterations
+        of about the same expected time."""
+        predicted = self.predict(features)
+        return predicted * rng.choice(self.residual_quantiles[bisect.bisect_right(self.residual_bounds_s, predicted)])
 
     def _coefficient_row(self) -> list[float]:
         return [self.coefficients.get(name, 0.0) for name in FEATURES]
@@ -80,11 +95,9 @@ class CostModel:
         holdout, train = shuffled[:num_holdout], shuffled[num_holdout:]
         held_out_errors = _relative_errors(_least_squares(train), holdout)
         coefficients = _least_squares(records)
-        ratios = torch.tensor([_seconds(r) / p for r in records
-                               if (p := _predict(coefficients, r)) > 0], dtype=torch.float64)
-        levels = torch.linspace(0, 1, NUM_RESIDUAL_QUANTILES, dtype=torch.float64)
-        return cls(coefficients=coefficients,
-                   residual_quantiles=[round(float(q), 4) for q in torch.quantile(ratios, levels)],
+        predicted = [(p, _seconds(r) / p) for r in records if (p := _predict(coefficients, r)) > 0]
+        bounds, quantiles = _residual_buckets(sorted(predicted))
+        return cls(coefficients=coefficients, residual_quantiles=quantiles, residual_bounds_s=bounds,
                    fitted_on={**(fitted_on or {}), "num_records": len(records), "version": COST_MODEL_VERSION},
                    holdout_error={"num_iterations": len(holdout),
                                   "median_abs_pct": round(float(held_out_errors.abs().median()) * 100, 2),
@@ -120,6 +133,22 @@ def _seconds(record: BatchRecord) -> float:
 def _predict(coefficients: dict[str, float], record: BatchRecord) -> float:
     row = IterationFeatures.of(record).row()
     return sum(coefficients[name] * x for name, x in zip(FEATURES, row, strict=True))
+
+
+def _residual_buckets(predicted: list[tuple[float, float]]) -> tuple[list[float], list[list[float]]]:
+    """(predicted seconds, actual / predicted) pairs, sorted, into NUM_RESIDUAL_BUCKETS runs of equal
+    size (none under MIN_BUCKET_RECORDS): the predicted time where each bucket after the first starts,
+    and each bucket's ratios at evenly spaced quantiles."""
+    size = max(MIN_BUCKET_RECORDS, math.ceil(len(predicted) / NUM_RESIDUAL_BUCKETS))
+    buckets = [predicted[i:i + size] for i in range(0, len(predicted), size)]
+    if len(buckets) > 1 and len(buckets[-1]) < MIN_BUCKET_RECORDS:
+        last = buckets.pop()
+        buckets[-1] += last
+    levels = torch.linspace(0, 1, NUM_RESIDUAL_QUANTILES, dtype=torch.float64)
+    quantiles = [[round(float(q), 4) for q in torch.quantile(torch.tensor([r for _, r in bucket],
+                                                                          dtype=torch.float64), levels)]
+                 for bucket in buckets]
+    return [bucket[0][0] for bucket in buckets[1:]], quantiles
 
 
 def _relative_errors(coefficients: dict[str, float], records: list[BatchRecord]) -> torch.Tensor:
