@@ -21,8 +21,9 @@ DTYPES = [torch.float32, torch.bfloat16]
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     if actual.dtype == torch.float32:
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-    else:  # a reassociated fp32 sum may move a value across a bf16 rounding boundary: one ulp, rarely
-        torch.testing.assert_close(actual, expected, rtol=2 ** -7, atol=1e-6)
+    else:  # a reassociated fp32 sum, or PyTorch's vector exp (AVX2 vs AVX512), may move a value across a
+        # bf16 rounding boundary: an ulp or two, rarely (7 of 98,304 SiLU-and-mul outputs on an AVX512 CPU)
+        torch.testing.assert_close(actual, expected, rtol=2 ** -6, atol=1e-6)
         assert (actual == expected).float().mean() > 0.98
 
 
