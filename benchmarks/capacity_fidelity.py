@@ -17,17 +17,19 @@ import sys
 from pathlib import Path
 
 
-def capacity_search(args: argparse.Namespace, experiment: str, policy: str, chunk_size: int,
+def capacity_search(args: argparse.Namespace, runner: str, policy: str, chunk_size: int,
                     extra: list[str]) -> dict:
-    """One ``stallfree-bench`` capacity search; its record of capacity.json."""
+    """One ``stallfree-bench`` capacity search, in an experiment of its own; its record of capacity.json
+    (whose chunk_size is null for policies that do not chunk)."""
     bench = Path(sys.executable).with_name("stallfree-bench")
+    experiment = f"{runner}-{policy}-{chunk_size}"
     cmd = [str(bench), "+experiment=capacity", f"experiment_name={experiment}", f"results_dir={args.results_dir}",
            f"model={args.model}", f"scheduler={policy}", f"chunk_size={chunk_size}", f"slo={args.slo}",
            f"num_requests={args.num_requests}", f"repeats={args.repeats}", *extra]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     records = json.loads((Path(args.results_dir) / experiment / "capacity.json").read_text())
-    return next(r for r in records if r["scheduler"] == policy and r["chunk_size"] == chunk_size)
+    return next(r for r in records if r["slo_name"] == args.slo)
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ def roofline_cost_model(cfg: dict, *, peak_tflops: float, bandwidth_tb_s: float,
         # a decode reads each cached token's K and V in every layer
         "decode_context_tokens": 2 * layers * kv_heads * head_dim * dtype_bytes / bandwidth,
     }
-    return CostModel(coefficients=coefficients, residual_quantiles=[1.0], fitted_on=fitted_on)
+    return CostModel(coefficients=coefficients, fitted_on=fitted_on)  # the default residual: no spread
 
 
 def main() -> None:

@@ -7,9 +7,8 @@ sum of their context lengths. The fit is least squares on seconds (weighting ite
 time fitted this machine's profile worse: its decode iterations are nearly flat in batch size and noisy),
 keeps no negative per-unit cost, and records its relative error on held-out iterations. ``residual_quantiles`` (actual / predicted over the profile)
 let the simulator replay the real iterations' spread, whose tail decides TBT percentiles and SLOs. They
-are kept per bucket of predicted time: the relative spread of a 20 ms decode step on a CPU is several
-times that of a 500 ms prefill chunk, and one pooled spread put the decode steps' tail on the prefill
-iterations, so the simulated P99 TBT came out 25-36% high.
+are kept per bucket of predicted time, so that a long prefill iteration draws from the spread of long
+iterations, not from that of short decode steps, which OS noise moves by a larger fraction.
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def test_residuals_replay_the_spread_of_real_iterations():
 
 def test_residual_spread_follows_the_iteration_length():
     """Short iterations that vary by +-30% and long ones that do not: the long ones' simulated time must not
-    take the short ones' spread (that made the simulated P99 TBT of prefill-heavy runs 25-36% high)."""
+    take the short ones' spread."""
     base = [(s, predicted(FIXED, record(*s, 0))) for s in random_shapes(300, seed=2)]
     median = sorted(t for _, t in base)[len(base) // 2]
     records = [record(*s, t * (1 + (0.3 if i % 2 else -0.3) * (t < median))) for i, (s, t) in enumerate(base)]
