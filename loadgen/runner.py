@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from loadgen.bench_config import section, workload_tokenizer
-from loadgen.cpu_share import CpuMonitor
+from loadgen.cpu_share import CpuMonitor, CpuReport
 from loadgen.experiment_lock import experiment_lock
 from loadgen.live_target import LiveTarget
 from loadgen.metrics import summarize
@@ -59,6 +59,14 @@ def run_repeats(cfg: DictConfig, targets: LiveTarget) -> list[dict]:
             for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
 
 
+def cpu_summary(report: CpuReport | None, virtual_time: bool) -> dict:
+    """The run's CPU report for its summary. On a virtual clock the results do not depend on the CPU the
+    engine got, so such a run is never ``disturbed`` (and never measured again for it)."""
+    if report is None:
+        return {"disturbed": None}
+    return {**report.as_summary(), "disturbed": report.disturbed and not virtual_time}
+
+
 def _read_summary(plan: RunPlan) -> dict:
     return json.loads((plan.run_dir / "summary.json").read_text())
 
@@ -93,7 +101,7 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
-               **(cpu.report.as_summary() if cpu.report else {"disturbed": None})}
+               **cpu_summary(cpu.report, virtual_time=cfg.model.runner == "simulated" and cfg.model.clock == "virtual")}
     with experiment_lock(plan.exp_dir):
         if is_complete(plan.run_dir):  # a parallel job measured the same point first: keep its run
             summary = _read_summary(plan)

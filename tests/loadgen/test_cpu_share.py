@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from loadgen.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
+from loadgen.runner import cpu_summary
 from loadgen.targets.inprocess import replay
 from loadgen.workload import build_workload
 
@@ -76,3 +77,15 @@ def test_cpu_hogs_make_an_inprocess_run_disturbed(tiny_engine):
     assert report.disturbed, report
     assert report.engine_cpu_share < 0.9 and report.others_cpu_share > 0.3, report
     assert report.engine_run_delay_s > 0 and report.load_avg_1m >= 0
+
+
+def test_a_virtual_clock_run_is_never_disturbed():
+    """A simulated run on a virtual clock gives the same results whatever CPU it got: it keeps its CPU
+    report but is not marked (so a capacity search does not measure it again)."""
+    start = _sample(0.0, {1: (0, 0)}, 0.0, [0] * 8)
+    starved = compare(start, _sample(10.0, {1: (int(1e9), int(9e9))}, 1.0, [100] * 8), same_process=True)
+    assert starved.disturbed
+    assert cpu_summary(starved, virtual_time=False)["disturbed"]
+    virtual = cpu_summary(starved, virtual_time=True)
+    assert virtual["disturbed"] is False and virtual["engine_cpu_share"] == pytest.approx(0.1)
+    assert cpu_summary(None, virtual_time=True) == {"disturbed": None}
