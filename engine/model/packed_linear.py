@@ -1,9 +1,12 @@
-"""fp32 linears on the CPU through oneDNN with weights reordered once at load time.
+"""CPU linears through oneDNN with weights reordered once at load time (fp32, and bf16 where the CPU
+has native bf16 matmuls).
 
 Why: PyTorch sends an fp32 ``F.linear`` to MKL's sgemm, which on the AMD EPYC machines this project
 runs on reaches 15-30 GFLOP/s for the few-row inputs of decode steps. oneDNN with a prepacked
-weight ran the same shapes 2-3x faster there (decode step of ``small`` at batch 8: 169 -> 77 ms;
-docs/performance.md). bf16 already goes through oneDNN, so only fp32 is packed.
+weight ran the same shapes 2-3x faster there (decode step of ``small`` at batch 8: 169 -> 77 ms). A
+bf16 ``F.linear`` already runs on oneDNN, but reorders the weight on every call: on a 2-core
+AVX512-BF16 EPYC, ``small``'s five projections took 2.59 / 3.17 / 4.97 / 38.8 ms at 1 / 8 / 32 / 512
+rows plain and 0.63 / 1.05 / 2.72 / 34.0 ms packed (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import os
 
 import torch
 from torch import nn
+
+from engine.device import cpu_has_fast_bf16
 
 # oneDNN, and ideep in front of it, cache a primitive per input shape (1,024 each by default), each
 # holding its own reordered copy of the weight. A server sees hundreds of batch sizes: a 30-minute soak
@@ -21,7 +26,10 @@ PRIMITIVE_CACHE_CAPACITY = "16"
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    # Without native bf16 (AVX512-BF16 / AMX) oneDNN emulates bf16 matmuls: such CPUs run models in fp32.
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_has_fast_bf16())
 
 
 class PackedLinear(nn.Module):

@@ -1,5 +1,5 @@
 """PackedLinear (oneDNN, weights reordered once) computes what nn.Linear computes, and fp32 CPU models
-use it. Token equality with HF on packed models is in test_engine_correctness.py."""
+(bf16 ones too, where the CPU has native bf16) use it. Token equality with HF on packed models is in test_engine_correctness.py."""
 import os
 import subprocess
 import sys
@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from engine.device import cpu_has_fast_bf16
 from engine.model.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="no oneDNN in this torch")
@@ -32,8 +33,20 @@ def test_pack_linears_replaces_every_linear_and_keeps_the_rest():
     torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_only_fp32_on_cpu_is_packed():
-    assert not can_pack(torch.device("cpu"), torch.bfloat16)
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.skipif(not cpu_has_fast_bf16(), reason="no native bf16 on this CPU")
+def test_packed_bf16_linear_matches_linear(rows):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 80, bias=False, dtype=torch.bfloat16)
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    packed = PackedLinear(linear)(x)
+    assert packed.dtype == torch.bfloat16
+    torch.testing.assert_close(packed, linear(x))  # bf16 tolerances: one rounding of the fp32 accumulator
+
+
+def test_what_is_packed():
+    assert can_pack(torch.device("cpu"), torch.bfloat16) == cpu_has_fast_bf16()
+    assert not can_pack(torch.device("cpu"), torch.float16)
     assert not can_pack(torch.device("cuda"), torch.float32)
 
 
@@ -48,6 +61,7 @@ def test_fp32_engine_model_uses_packed_linears():
 
 RSS_AFTER_MANY_BATCH_SIZES = """
 import torch
+from engine.device import cpu_has_fast_bf16
 from engine.model.packed_linear import PackedLinear
 
 def rss_mib():
