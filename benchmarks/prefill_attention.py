@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from benchmarks.engine_throughput import measure_matmul_flops, write_result
+from benchmarks.engine_throughput import linear_param_counts, measure_matmul_flops, write_result
 from engine.attention import make_attention_backend
 from engine.model.arch import ArchConfig
 from engine.model.loader import load_model
@@ -110,8 +110,9 @@ def bench_layer_stack(backend_name: str, dtype: torch.dtype, repeats: int, clock
     with torch.inference_mode():
         (c_ids, c_positions, c_meta, c_logits), _ = paged_meta(seqs, fill_context=True)
         model(c_ids, c_positions, backend, kv_caches, c_meta, c_logits)
-        linear = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
-        flops = (2.0 * linear * queries + 2.0 * arch.vocab_size * arch.hidden_size
+        # From the shapes, not the parameters: packed linears (oneDNN's layout) hold no weight parameter.
+        linear, lm_head = linear_param_counts(arch)
+        flops = (2.0 * (linear - lm_head) * queries + 2.0 * lm_head
                  + arch.num_layers * attention_flops(seqs, arch.num_heads, arch.head_dim))
         median, best = rates(flops, lambda: model(ids, positions, backend, kv_caches, step_meta, logits_indices),
                              repeats, 1, clock)
