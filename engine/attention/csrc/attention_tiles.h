@@ -110,12 +110,34 @@ inline void qk_tile(const float* q, int64_t head_dim, const T* kt, int64_t block
   for (int r = 0; r < R; ++r) std::memcpy(s + r * lds, acc[r], sizeof acc[r]);
 }
 
-// o[R][COLS] += p[R][keys] . V[keys][COLS]: one column panel of the keys' V rows, the keys spread over the
-// V blocks `v_blocks` (row stride head_dim).
-template <int R, typename T>
+// The same for tiles of few rows (decode steps: 1 token x the GQA group), C blocks at once: R x C
+// independent accumulators hide the FMA latency that R alone leaves exposed. Block c of `kt` gives keys
+// [c * W, (c + 1) * W) of s; block_size == W.
+template <int R, int C, typename T>
+__attribute__((always_inline)) inline void qk_tile_blocks(const float* q, int64_t head_dim, const T* const* kt,
+                                                          float* s, int64_t lds) {
+  vf acc[R][C] = {};
+  const T* blocks[C];
+  for (int c = 0; c < C; ++c) blocks[c] = kt[c];
+  for (int64_t d = 0; d < head_dim; ++d) {
+    vf k[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) k[c] = load<W>(blocks[c] + d * W);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float x = q[r * head_dim + d];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[r][c] += x * k[c];
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(s + r * lds, acc[r], sizeof acc[r]);
+}
+
+// o[R][C * W] += p[R][keys] . V[keys][C * W] (C * W = COLS unless given): one column panel of the keys'
+// V rows, the keys spread over the V blocks `v_blocks` (row stride head_dim).
+template <int R, int C = COLS / W, typename T>
 inline void pv_tile(const float* p, int64_t ldp, const T* const* v_blocks, int64_t block_size, int64_t num_keys,
                     int64_t head_dim, float* o) {
-  constexpr int C = COLS / W;
   vf acc[R][C];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
