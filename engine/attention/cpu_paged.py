@@ -22,7 +22,10 @@ def cpu_paged_available(device: torch.device, dtype: torch.dtype, head_dim: int)
 class CPUPagedAttention:
     """Cache layout per layer: ``[num_kv_heads, num_blocks, block_size, head_dim]`` for V; K has the same
     shape but each block holds its keys transposed (``k_cache.view(Hkv, num_blocks, head_dim, block_size)``),
-    so the kernel's Q.K^T loads run along the keys. Reads ``meta.query_start_loc``, ``meta.seq_lens`` and
+    so the kernel's Q.K^T loads run along the keys. In bf16 on a CPU with AVX512-BF16 (block sizes that are
+    multiples of 16) the blocks hold pairs along each product's reduction instead, for the bf16 dot-product
+    instruction: K as ``[head_dim / 2, block_size, 2]``, V as ``[block_size / 2, head_dim, 2]``. Only the
+    kernel reads and writes the cache. Reads ``meta.query_start_loc``, ``meta.seq_lens`` and
     ``meta.block_tables``."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, dtype: torch.dtype):

@@ -6,6 +6,10 @@
 #include <cstring>
 #include <type_traits>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 namespace attention_tiles {
 
 // Native vector width in floats (GCC vector extensions compile to the widest registers -march=native has).
@@ -162,5 +166,83 @@ inline void pv_tile(const float* p, int64_t ldp, const T* const* v_blocks, int64
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) store(o + r * head_dim + c * W, acc[r][c]);
 }
+
+#if defined(__AVX512BF16__)
+// bf16 on CPUs with AVX512-BF16: vdpbf16ps multiplies pairs of bf16 and adds both products to one fp32
+// lane, twice the FMAs of converting to fp32 first. The pairs run along each product's reduction, so the
+// cache holds K blocks as [head_dim / 2][block_size][2] (pairs of dims per key) and V blocks as
+// [block_size / 2][head_dim][2] (pairs of keys per dim); write_cache lays them out so.
+constexpr bool PAIRED_BF16 = true;
+
+inline __m512bh broadcast_pair(const uint16_t* p) {
+  uint32_t pair;
+  std::memcpy(&pair, p, sizeof pair);
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+}
+inline __m512bh load_pairs(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+// s[R][C * 16] = scale * q[R][D] . K: C vectors of 16 keys, vector c starting at kt[c] (pair rows of
+// pair_stride elements); q in bf16, unscaled.
+template <int R, int C>
+__attribute__((always_inline)) inline void qk_tile_paired(const uint16_t* q, int64_t head_dim,
+                                                          const uint16_t* const* kt, int64_t pair_stride,
+                                                          float scale, float* s, int64_t lds) {
+  __m512 acc[R][C];
+  const uint16_t* keys[C];
+  for (int c = 0; c < C; ++c) keys[c] = kt[c];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 2) {
+    __m512bh k[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) k[c] = load_pairs(keys[c] + d / 2 * pair_stride);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = broadcast_pair(q + r * head_dim + d);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, k[c]);
+    }
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(s + r * lds + c * 16, _mm512_mul_ps(acc[r][c], vscale));
+}
+
+// o[R][C * 16] += p[R][keys] . V[keys][col : col + C * 16], p in bf16 with zeros past num_keys (rounded
+// up to a pair), the keys spread over the V blocks `v_blocks` (pair rows of 2 * head_dim elements).
+template <int R, int C>
+__attribute__((always_inline)) inline void pv_tile_paired(const uint16_t* p, int64_t ldp,
+                                                          const uint16_t* const* v_blocks, int64_t col,
+                                                          int64_t block_size, int64_t num_keys,
+                                                          int64_t head_dim, float* o) {
+  __m512 acc[R][C];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(o + r * head_dim + c * 16);
+  for (int64_t b = 0, key = 0; key < num_keys; ++b) {
+    const uint16_t* v = v_blocks[b] + 2 * col;
+    for (const int64_t end = std::min(key + block_size, num_keys); key < end; key += 2, v += 2 * head_dim) {
+      __m512bh pairs[C];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) pairs[c] = load_pairs(v + c * 32);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512bh x = broadcast_pair(p + r * ldp + key);
+#pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, pairs[c]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + r * head_dim + c * 16, acc[r][c]);
+}
+#else
+constexpr bool PAIRED_BF16 = false;
+#endif
 
 }  // namespace attention_tiles

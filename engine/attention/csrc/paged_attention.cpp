@@ -49,6 +49,7 @@ struct Task {
 template <typename T>
 struct Scratch {  // per thread, reused across its tasks
   std::vector<float> q, o, s, max, sum;
+  std::vector<uint16_t> q_pairs, p_pairs;  // the paired bf16 path's q rows and probabilities
   std::vector<const T*> blocks;  // the current chunk's V blocks, their column panels, its K blocks
 };
 
@@ -62,7 +63,7 @@ inline void softmax_step(float* s, int64_t lds, int64_t rows, int64_t group, int
     float* sr = s + r * lds;
     const int64_t visible = std::clamp<int64_t>(first_pos + r / group + 1 - start, 0, len);
     if (visible == 0) {
-      std::fill(sr, sr + len, 0.0f);
+      std::fill(sr, sr + (len + W - 1) / W * W, 0.0f);  // whole vectors: the paired path reads them
       continue;
     }
     const float limit = static_cast<float>(visible);
@@ -94,6 +95,68 @@ inline void softmax_step(float* s, int64_t lds, int64_t rows, int64_t group, int
   }
 }
 
+// The cache holds bf16 K/V blocks in pairs (attention_tiles.h) where the CPU has AVX512-BF16 and blocks are
+// whole 16-key vectors; write_cache and attend agree through this.
+template <typename T>
+bool paired_layout(int64_t block_size) {
+  return PAIRED_BF16 && std::is_same_v<T, uint16_t> && block_size % 16 == 0;
+}
+
+#if defined(__AVX512BF16__)
+// Q.K^T of one chunk on the paired layout: s[rows][keys of the chunk] from its K blocks.
+inline void qk_chunk_paired(const uint16_t* q, int64_t rows, int64_t D, const uint16_t* const* k_blocks,
+                            int64_t num_blocks, int64_t bs, float scale, bool few_rows, float* s, int64_t lds,
+                            const uint16_t** vectors) {
+  const int64_t per_block = bs / 16, num_vectors = num_blocks * per_block;
+  for (int64_t b = 0; b < num_blocks; ++b)
+    for (int64_t i = 0; i < per_block; ++i) vectors[b * per_block + i] = k_blocks[b] + i * 32;
+  if (few_rows) {
+    with_rows<MAX_ROWS / WIDE>(rows, [&](auto R) {
+      int64_t i = 0;
+      for (; i + WIDE <= num_vectors; i += WIDE)
+        qk_tile_paired<R.value, WIDE>(q, D, vectors + i, 2 * bs, scale, s + i * 16, lds);
+      for (; i < num_vectors; ++i) qk_tile_paired<R.value, 1>(q, D, vectors + i, 2 * bs, scale, s + i * 16, lds);
+    });
+    return;
+  }
+  for (int64_t i = 0; i < num_vectors; ++i) {
+    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+      with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
+        qk_tile_paired<R.value, 1>(q + r0 * D, D, vectors + i, 2 * bs, scale, s + r0 * lds + i * 16, lds);
+      });
+    }
+  }
+}
+
+// P.V of one chunk on the paired layout, the probabilities rounded to bf16 first (as GPU flash attention
+// does); softmax_step left zeros past the chunk's keys up to a whole vector.
+inline void pv_chunk_paired(const float* s, int64_t rows, int64_t lds, int64_t len, const uint16_t* const* v_blocks,
+                            int64_t bs, int64_t D, bool few_rows, uint16_t* p, float* o) {
+  const int64_t padded = (len + 15) / 16 * 16, keys = (len + 1) / 2 * 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < padded; j += 16) {
+      const __m256bh bf16 = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * lds + j));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * lds + j), (__m256i)bf16);
+    }
+  }
+  if (few_rows && D % (WIDE * 16) == 0) {
+    for (int64_t col = 0; col < D; col += WIDE * 16) {
+      with_rows<MAX_ROWS / WIDE>(rows, [&](auto R) {
+        pv_tile_paired<R.value, WIDE>(p, lds, v_blocks, col, bs, keys, D, o + col);
+      });
+    }
+    return;
+  }
+  for (int64_t col = 0; col < D; col += 16) {
+    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+      with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
+        pv_tile_paired<R.value, 1>(p + r0 * lds, lds, v_blocks, col, bs, keys, D, o + r0 * D + col);
+      });
+    }
+  }
+}
+#endif
+
 template <typename T, int N>
 void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   const int64_t D = batch.head_dim, bs = batch.block_size, group = batch.num_heads / batch.num_kv_heads;
@@ -108,14 +171,24 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   float *q = scratch.q.data(), *o = scratch.o.data(), *s = scratch.s.data();
 
   const float q_scale = batch.scale * 1.4426950408889634f;  // scores in log2 units: the softmax uses 2^x
+  const bool paired = paired_layout<T>(bs);
+  if (paired) scratch.q_pairs.resize(rows * D);
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = batch.q + (task.first_query + r / group) * batch.q_stride_t
                    + (task.kv_head * group + r % group) * batch.q_stride_h;
-    for (int64_t d = 0; d < D; ++d) q[r * D + d] = to_float(src[d]) * q_scale;
+    if (paired) {
+      std::memcpy(scratch.q_pairs.data() + r * D, src, D * sizeof(T));
+    } else {
+      for (int64_t d = 0; d < D; ++d) q[r * D + d] = to_float(src[d]) * q_scale;
+    }
+  }
+  if (paired) {
+    scratch.p_pairs.resize(rows * lds);
+    scratch.blocks.resize(4 * blocks_per_chunk * (bs / 16 + 1));
   }
   const int64_t head_offset = task.kv_head * batch.num_blocks * bs * D;
   const int64_t* table = batch.block_tables + task.seq * batch.table_stride;
-  scratch.blocks.resize(3 * blocks_per_chunk);
+  if (!paired) scratch.blocks.resize(3 * blocks_per_chunk);
   const T** v_blocks = scratch.blocks.data();
   const T** panels = v_blocks + blocks_per_chunk;
   const T** k_blocks = panels + blocks_per_chunk;
@@ -142,7 +215,7 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
       const T* kt = batch.k_cache + head_offset + block * bs * D;
       k_blocks[b] = kt;
       v_blocks[b] = batch.v_cache + head_offset + block * bs * D;
-      if (few_rows) continue;
+      if (few_rows || paired) continue;
       for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
         with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
           for (int64_t c = 0; c < bs; c += N)
@@ -150,6 +223,17 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
         });
       }
     }
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (paired) {
+        qk_chunk_paired(scratch.q_pairs.data(), rows, D, k_blocks, num_blocks, bs, q_scale, few_rows, s, lds,
+                        k_blocks + blocks_per_chunk);
+        softmax_step(s, lds, rows, group, task.first_pos, start, len, o, D, scratch.max.data(), scratch.sum.data());
+        pv_chunk_paired(s, rows, lds, len, v_blocks, bs, D, few_rows, scratch.p_pairs.data(), o);
+        continue;
+      }
+    }
+#endif
     if (few_rows) {
       with_rows<MAX_ROWS / WIDE>(rows, [&](auto R) {
         int64_t b = 0;
@@ -217,17 +301,27 @@ void paged_attention(const Batch<T>& batch, int64_t num_seqs, int num_threads) {
   }
 }
 
-// Writes each token's new K (transposed into its block) and V at its slot.
+// Writes each token's new K (transposed into its block, or in pairs of dims) and V (or in pairs of keys) at
+// its slot.
 template <typename T>
 void write_cache(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t, T* k_cache, T* v_cache,
                  const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim,
                  int64_t num_blocks, int64_t block_size, int num_threads) {
+  const bool paired = paired_layout<T>(block_size);
 #pragma omp parallel for num_threads(num_threads) if (num_tokens >= 64)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t block = slot_mapping[t] / block_size, offset = slot_mapping[t] % block_size;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const int64_t base = (h * num_blocks + block) * block_size * head_dim;
       const T* src = k + t * k_stride_t + h * head_dim;
+      if (paired) {
+        const T* v_src = v + t * v_stride_t + h * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          k_cache[base + (d / 2 * block_size + offset) * 2 + d % 2] = src[d];
+          v_cache[base + (offset / 2 * head_dim + d) * 2 + offset % 2] = v_src[d];
+        }
+        continue;
+      }
       for (int64_t d = 0; d < head_dim; ++d) k_cache[base + d * block_size + offset] = src[d];
       std::memcpy(v_cache + base + offset * head_dim, v + t * v_stride_t + h * head_dim, head_dim * sizeof(T));
     }
