@@ -112,6 +112,27 @@ def test_kernel_reads_only_its_own_blocks():
 
 
 @needs_compiler
+@pytest.mark.parametrize(("dtype", "block_size"), [(torch.float32, 16), (torch.bfloat16, 16), (torch.bfloat16, 6)])
+def test_stale_slots_past_a_sequence_change_nothing(dtype, block_size):
+    """Slots past each sequence's end in its last block, written through the backend itself (so in whatever
+    layout it keeps, paired bf16 included) with inf and NaN, leave the output unchanged: odd lengths put a
+    stale slot beside the last key of a pair."""
+    seqs = [(4, 1), (8, 3), (20, 9), (33, 1)]
+    batch = PagedBatch(seqs, 6, 2, 32, block_size, dtype)
+    batch.prefill_context()
+    before = batch.step()
+    stale = [(i, c + n, len(batch.tables[i]) * block_size) for i, (c, n) in enumerate(seqs)]
+    slots = torch.tensor([batch.tables[i][s // block_size] * block_size + s % block_size
+                          for i, end, cap in stale for s in range(end, cap)])
+    for value in (float("inf"), float("nan")):
+        junk = torch.full((len(slots), 2, 32), value, dtype=dtype)
+        batch.backend.write_cache(junk.data_ptr(), junk.stride(0), junk.data_ptr(), junk.stride(0),
+                                  batch.k_cache.data_ptr(), batch.v_cache.data_ptr(), slots.data_ptr(), len(slots),
+                                  2, 32, batch.k_cache.shape[1], block_size, 1)
+        torch.testing.assert_close(batch.step(), before)
+
+
+@needs_compiler
 def test_auto_picks_the_native_backend_on_cpu():
     dims = dict(num_heads=4, num_kv_heads=2, head_dim=32, scale=32 ** -0.5)
     cpu = torch.device("cpu")

@@ -210,8 +210,8 @@ __attribute__((always_inline)) inline void qk_tile_paired(const uint16_t* q, int
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(s + r * lds + c * 16, _mm512_mul_ps(acc[r][c], vscale));
 }
 
-// o[R][C * 16] += p[R][keys] . V[keys][col : col + C * 16], p in bf16 with zeros past num_keys (rounded
-// up to a pair), the keys spread over the V blocks `v_blocks` (pair rows of 2 * head_dim elements).
+// o[R][C * 16] += p[R][keys] . V[keys][col : col + C * 16], p in bf16 with a zero past an odd num_keys,
+// the keys spread over the V blocks `v_blocks` (pair rows of 2 * head_dim elements).
 template <int R, int C>
 __attribute__((always_inline)) inline void pv_tile_paired(const uint16_t* p, int64_t ldp,
                                                           const uint16_t* const* v_blocks, int64_t col,
@@ -225,9 +225,11 @@ __attribute__((always_inline)) inline void pv_tile_paired(const uint16_t* p, int
   for (int64_t b = 0, key = 0; key < num_keys; ++b) {
     const uint16_t* v = v_blocks[b] + 2 * col;
     for (const int64_t end = std::min(key + block_size, num_keys); key < end; key += 2, v += 2 * head_dim) {
+      // A lone last key's pair partner is a slot past the sequence (stale, maybe not finite): load zeros.
+      const __mmask32 keep = key + 1 < end ? 0xFFFFFFFFu : 0x55555555u;
       __m512bh pairs[C];
 #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) pairs[c] = load_pairs(v + c * 32);
+      for (int c = 0; c < C; ++c) pairs[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, v + c * 32);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m512bh x = broadcast_pair(p + r * ldp + key);

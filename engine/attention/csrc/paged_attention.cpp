@@ -132,7 +132,7 @@ inline void qk_chunk_paired(const uint16_t* q, int64_t rows, int64_t D, const ui
 // does); softmax_step left zeros past the chunk's keys up to a whole vector.
 inline void pv_chunk_paired(const float* s, int64_t rows, int64_t lds, int64_t len, const uint16_t* const* v_blocks,
                             int64_t bs, int64_t D, bool few_rows, uint16_t* p, float* o) {
-  const int64_t padded = (len + 15) / 16 * 16, keys = (len + 1) / 2 * 2;
+  const int64_t padded = (len + 15) / 16 * 16;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = 0; j < padded; j += 16) {
       const __m256bh bf16 = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * lds + j));
@@ -142,7 +142,7 @@ inline void pv_chunk_paired(const float* s, int64_t rows, int64_t lds, int64_t l
   if (few_rows && D % (WIDE * 16) == 0) {
     for (int64_t col = 0; col < D; col += WIDE * 16) {
       with_rows<MAX_ROWS / WIDE>(rows, [&](auto R) {
-        pv_tile_paired<R.value, WIDE>(p, lds, v_blocks, col, bs, keys, D, o + col);
+        pv_tile_paired<R.value, WIDE>(p, lds, v_blocks, col, bs, len, D, o + col);
       });
     }
     return;
@@ -150,7 +150,7 @@ inline void pv_chunk_paired(const float* s, int64_t rows, int64_t lds, int64_t l
   for (int64_t col = 0; col < D; col += 16) {
     for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
       with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
-        pv_tile_paired<R.value, 1>(p + r0 * lds, lds, v_blocks, col, bs, keys, D, o + r0 * D + col);
+        pv_tile_paired<R.value, 1>(p + r0 * lds, lds, v_blocks, col, bs, len, D, o + r0 * D + col);
       });
     }
   }
