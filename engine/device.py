@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import platform
 
 import torch
 
@@ -15,6 +16,17 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"model.device={name!r} but CUDA is not available")
     return torch.device(name)
+
+
+@functools.cache
+def cpu_description() -> str:
+    """The CPU's model name and whether it has native bf16, for the records of a profile."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return f"{name or platform.processor() or platform.machine()}, {'' if cpu_has_fast_bf16() else 'no '}native bf16"
 
 
 @functools.cache

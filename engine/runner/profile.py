@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import platform
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,6 +17,7 @@ from typing import Protocol
 import torch
 
 from engine.config import EngineConfig
+from engine.device import cpu_description
 from engine.model.presets import cache_root
 from engine.outputs import BatchRecord
 from engine.request import SamplingParams
@@ -78,7 +78,7 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
 def _describe(config: EngineConfig, engine: ProfiledEngine) -> dict:
     device = engine.device
     hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
-                else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+                else f"{cpu_description()}, {torch.get_num_threads()} threads")
     return {"model": config.model.model, "device": str(device), "hardware": hardware, "dtype": str(engine.dtype),
             "attention_backend": config.model.attention_backend, "block_size": config.cache.block_size,
             "torch": torch.__version__, "engine_revision": ENGINE_REVISION, "date": datetime.date.today().isoformat(),
