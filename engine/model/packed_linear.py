@@ -4,9 +4,9 @@ has native bf16 matmuls).
 Why: PyTorch sends an fp32 ``F.linear`` to MKL's sgemm, which on the AMD EPYC machines this project
 runs on reaches 15-30 GFLOP/s for the few-row inputs of decode steps. oneDNN with a prepacked
 weight ran the same shapes 2-3x faster there (decode step of ``small`` at batch 8: 169 -> 77 ms). A
-bf16 ``F.linear`` already runs on oneDNN, but reorders the weight on every call: on a 2-core
-AVX512-BF16 EPYC, ``small``'s five projections took 2.59 / 3.17 / 4.97 / 38.8 ms at 1 / 8 / 32 / 512
-rows plain and 0.63 / 1.05 / 2.72 / 34.0 ms packed (docs/performance.md).
+bf16 ``F.linear`` already runs on oneDNN, but without a prepacked weight: on a 2-core AVX512-BF16 EPYC,
+packing ran ``small``'s five projections 1.8x faster at 1-8 rows, 1.3x at 32 and 1.07x at 512
+(``benchmarks/packed_linear.py``, docs/performance.md).
 """
 from __future__ import annotations
 

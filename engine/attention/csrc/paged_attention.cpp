@@ -193,8 +193,7 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   const T** panels = v_blocks + blocks_per_chunk;
   const T** k_blocks = panels + blocks_per_chunk;
   // A decode task's rows (one token x the GQA group) are too few to hide the FMA latency: its micro-tiles
-  // take WIDE key blocks / column vectors at once. With the prefetch below, decode attention at batch 32
-  // (contexts 512-640, bf16) took 9.7 vs 11.3-11.9 ms a step on `small`, 18.3-19.1 vs 22.1-22.5 on `smollm2`.
+  // take WIDE key blocks / column vectors at once.
   const bool few_rows = rows <= MAX_ROWS / WIDE && bs == W;
   const int64_t block_bytes = bs * D * sizeof(T);
   for (int64_t start = 0; start < num_keys; start += chunk) {
