@@ -26,7 +26,9 @@ from engine.outputs import BatchRecord
 
 log = logging.getLogger(__name__)
 
-COST_MODEL_VERSION = 4  # bump when the features or the fit change: cached profiles are then refitted
+# Bump when the features, the fit or the profile change: cached profiles are then refitted. 5: the profile
+# samples greedily, as the load generator does.
+COST_MODEL_VERSION = 5
 # Bump when the real runner's speed changes (kernels, linears): profiles of an older engine are refitted
 # when cached, and named in a warning when loaded from a file. 2: fp32 CPU linears on oneDNN.
 # 3: fused native layer ops on the CPU. 4: packed bf16 CPU linears; paired-bf16 and wide decode attention.

@@ -63,7 +63,10 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
         limit = min(1024, engine.max_model_len // 2)
         for _ in range(num_requests):
             prompt = [rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))]
-            engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(8, 64), ignore_eos=True))
+            # Greedy, as the load generator's requests are: random sampling costs ~0.6 ms a sequence on
+            # a CPU (softmax and noise over the vocabulary), which inflated the fitted decode cost 2x.
+            engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0,
+                                                      ignore_eos=True))
         while engine.has_unfinished():
             finished = sum(out.finished for out in engine.step())
             if progress is not None and finished:

@@ -154,6 +154,23 @@ def test_profiling_fits_the_real_runner_once(monkeypatch):
     assert again.runner.cost_model == cost  # read back from the cache, not profiled again
 
 
+def test_profile_requests_sample_as_the_load_generator_does(monkeypatch):
+    """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay."""
+    from engine.runner.profile import profile_cost_model
+
+    added: list[SamplingParams] = []
+    real_add = LLMEngine.add_request
+
+    def recording_add(self, prompt, params=None, **kwargs):
+        added.append(params)
+        return real_add(self, prompt, params, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "add_request", recording_add)
+    config = LLMEngine.from_kwargs(model="tiny").config
+    profile_cost_model(config, LLMEngine, num_requests=3, use_cache=False)
+    assert len(added) == 9 and all(p.greedy and p.ignore_eos for p in added)
+
+
 def test_real_clock_sleeps_the_predicted_time(fixed_cost_model):
     engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", cost_model=fixed_cost_model)
     engine.add_request([5] * 100, SamplingParams(max_tokens=3))
