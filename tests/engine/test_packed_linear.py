@@ -60,6 +60,8 @@ def test_fp32_engine_model_uses_packed_linears():
 
 
 RSS_AFTER_MANY_BATCH_SIZES = """
+import sys
+
 import torch
 from engine.device import cpu_has_fast_bf16
 from engine.model.packed_linear import PackedLinear
@@ -67,20 +69,24 @@ from engine.model.packed_linear import PackedLinear
 def rss_mib():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) / 1024
 
-linears = [PackedLinear(torch.nn.Linear(128, 2048, bias=False)) for _ in range(2)]  # 1 MiB weights
+dtype = getattr(torch, sys.argv[1])
+linears = [PackedLinear(torch.nn.Linear(128, 2048, bias=False, dtype=dtype)) for _ in range(2)]  # <= 1 MiB weights
 start = rss_mib()
 for rows in range(1, 401):
-    x = torch.randn(rows, 128)
+    x = torch.randn(rows, 128, dtype=dtype)
     for linear in linears:
         linear(x)
 print(rss_mib() - start)
 """
 
 
-def test_many_batch_sizes_leave_rss_bounded():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_many_batch_sizes_leave_rss_bounded(dtype):
     """oneDNN caches a primitive with a weight copy per input shape: unbounded, 400 batch sizes through two
-    1 MiB weights grew RSS by ~240 MiB (43 MiB bounded)."""
+    1 MiB fp32 weights grew RSS by ~240 MiB (43 MiB bounded)."""
+    if not can_pack(torch.device("cpu"), getattr(torch, dtype)):
+        pytest.skip(f"{dtype} linears are not packed on this CPU")
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-    out = subprocess.run([sys.executable, "-c", RSS_AFTER_MANY_BATCH_SIZES], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", RSS_AFTER_MANY_BATCH_SIZES, dtype], capture_output=True, text=True,
                          env=env, timeout=300, check=True)
     assert float(out.stdout) < 150, out.stdout
