@@ -4,6 +4,7 @@ SSE server (tests/fakes/fake_sse_server.py), all on 127.0.0.1.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -23,6 +24,7 @@ from loadgen.metrics import request_metrics, summarize
 from loadgen.results import requests_frame
 from loadgen.targets.locust_run import read_records
 from tests.fakes.fake_sse_server import running_fake_server
+from tests.machine_stalls import retry_while_stalled
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUST = Path(sys.executable).with_name("locust")
@@ -122,16 +124,23 @@ def test_slo_needing_a_decode_time_is_a_one_line_error():
 
 def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_path):
     qps = 25
-    rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", str(qps), "--num-requests", "200",
-                        "--model", "fake", *SMALL)
-    df = requests_frame(rows)
+
+    attempt_dirs = (tmp_path / f"attempt{i}" for i in itertools.count())
+
+    def attempt():
+        out = next(attempt_dirs)
+        out.mkdir()
+        df = requests_frame(run_headless(slow_url, out, "OpenLoopUser", "--qps", str(qps), "--num-requests",
+                                         "200", "--model", "fake", *SMALL))
+        return df, summarize(df)
+
+    (df, summary), stalls = retry_while_stalled(attempt, lambda result: result[1]["schedule_lag_p99_ms"] < 25)
     assert len(df) == 200 and (df["status"] == "ok").all()
     gaps = np.diff(np.sort(df["send_time"]))
     assert stats.kstest(gaps, "expon", args=(0, 1 / qps)).pvalue > 0.01
     # every response takes over a second, yet requests go out on schedule, many in flight at once
-    summary = summarize(df)
     assert summary["achieved_rate"] == pytest.approx(summary["offered_rate"], rel=0.02)
-    assert summary["schedule_lag_p99_ms"] < 25, summary
+    assert summary["schedule_lag_p99_ms"] < 25, (stalls, summary)
     sends = np.sort(df["send_time"])
     sent_meanwhile = np.searchsorted(sends, df["finish_time"]) - np.searchsorted(sends, df["send_time"], "right")
     assert np.median(sent_meanwhile) >= 15  # a closed loop would send none

