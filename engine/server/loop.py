@@ -1,8 +1,14 @@
-"""The engine thread: the only code that touches the (not thread-safe) LLMEngine.
+"""The engine thread: the only code that touches the (not thread-safe) LLMEngine, from its construction.
 
 Submissions and aborts come in through a condition-guarded command list; outputs go back to each
 submission's asyncio queue with ``loop.call_soon_threadsafe``. With nothing unfinished the thread
 sleeps on the condition (no busy spin).
+
+The engine is built on this thread, not on the one that serves HTTP: OpenMP keeps a worker team per
+thread that ever ran a parallel region, and loading runs some. A second team's idle workers put the
+process over one OpenMP thread per core, and libgomp then stops spin-waiting between parallel regions,
+so each region pays a futex wake-up: a `small` decode step at batch 32 took 45-75 ms instead of 32-34
+(docs/performance.md).
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine import LLMEngine, RequestOutput, SamplingParams
@@ -57,37 +64,48 @@ class Abort:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_waiting: int, history: BatchHistory):
-        self.engine = engine
+    """Starts the engine thread, which builds the engine with ``build_engine`` and its metrics with
+    ``build_metrics``; returns once both are built (re-raising what building raised), with
+    ``engine`` and ``metrics`` set. The thread steps the engine once ``start`` is called."""
+
+    def __init__(self, build_engine: Callable[[], LLMEngine], build_metrics: Callable[[LLMEngine], ServerMetrics],
+                 max_waiting: int, history: BatchHistory):
         self.history = history  # the BatchRecords of GET /stallfree/batches
-        self.metrics = metrics
         self.max_waiting = max_waiting
         self.error: str | None = None  # why the thread died
         self._cond = threading.Condition()
         self._commands: list[Submission | Abort] = []
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
         self._submissions = itertools.count()
         # engine-thread state
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._progress = True
+        built = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._main, args=(build_engine, build_metrics, built, failure),
+                                        name="stallfree-engine", daemon=True)
+        self._thread.start()
+        built.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
 
     # -- any thread --------------------------------------------------------------------------------
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return self._started.is_set() and self._thread.is_alive() and not self._stopping
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="stallfree-engine", daemon=True)
-        self._thread.start()
+        self._started.set()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._started.set()  # a thread that was never started ends at once
+        self._thread.join(timeout)
 
     async def submit(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str,
                      arrival_time: float) -> Submission:
@@ -122,6 +140,19 @@ class EngineLoop:
             self._cond.notify()
 
     # -- engine thread -----------------------------------------------------------------------------
+
+    def _main(self, build_engine: Callable[[], LLMEngine], build_metrics: Callable[[LLMEngine], ServerMetrics],
+              built: threading.Event, failure: list[BaseException]) -> None:
+        try:
+            self.engine = build_engine()
+            self.metrics = build_metrics(self.engine)
+        except BaseException as exc:
+            failure.append(exc)
+            return
+        finally:
+            built.set()
+        self._started.wait()
+        self._run()
 
     def _run(self) -> None:
         try:

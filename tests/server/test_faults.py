@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
 import openai
 import pytest
 
+from engine import LLMEngine
 from engine.server import start_server
 from tests.server.conftest import ENGINE, PROMPT
 from tests.server.helpers import (
@@ -238,3 +240,32 @@ def test_dead_engine_thread_gives_503():
 
 
 # -- text pieces -----------------------------------------------------------------------------------
+
+
+def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
+    # a second OpenMP team (from loading on the serving thread) slowed every step by a third or more
+    threads = {}
+    real_from_kwargs = LLMEngine.from_kwargs
+
+    def recording_from_kwargs(**kwargs):
+        threads["build"] = threading.current_thread()
+        engine = real_from_kwargs(**kwargs)
+        real_step = engine.step
+
+        def step():
+            threads.setdefault("step", threading.current_thread())
+            return real_step()
+
+        engine.step = step
+        return engine
+
+    monkeypatch.setattr(LLMEngine, "from_kwargs", staticmethod(recording_from_kwargs))
+    with start_server(ENGINE) as handle:
+        with httpx.Client(base_url=handle.url, timeout=30, trust_env=False) as client:
+            assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert threads["build"] is threads["step"] and threads["step"].name == "stallfree-engine"
+
+
+def test_a_failed_engine_build_is_raised_to_the_caller():
+    with pytest.raises(ValueError, match="unknown engine option 'bogus'"):
+        start_server({**ENGINE, "bogus": 1})
