@@ -143,18 +143,16 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
     cfg = server_cfg or ServerConfig()
     cfg.validate()
     history = BatchHistory(cfg.batch_history_max_records, cfg.batch_history_max_age_s)
-    engine_loop = EngineLoop(lambda: LLMEngine.from_kwargs(**(engine_kwargs or {})),
-                             lambda engine: ServerMetrics(cfg.served_model_name or engine.model_name,
-                                                          engine.max_model_len),
-                             cfg.max_waiting, history)
+    engine_loop = EngineLoop(lambda: LLMEngine.from_kwargs(**(engine_kwargs or {})), cfg.max_waiting, history)
     engine = engine_loop.engine
-    st = ServerState(cfg, engine_loop, copy.deepcopy(engine.tokenizer), engine.no_tokenizer_reason,
-                     cfg.served_model_name or engine.model_name, engine.max_model_len, engine_loop.metrics,
-                     int(time.time()))
+    model_name = cfg.served_model_name or engine.model_name
+    metrics = ServerMetrics(model_name, engine.max_model_len)
+    st = ServerState(cfg, engine_loop, copy.deepcopy(engine.tokenizer), engine.no_tokenizer_reason, model_name,
+                     engine.max_model_len, metrics, int(time.time()))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        st.engine_loop.start()
+        st.engine_loop.start(metrics)
         yield
         st.engine_loop.stop()
 
@@ -245,5 +243,5 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
                        body_read_timeout_s=cfg.body_read_timeout_s)
     # HTTP series per handler (route template; "none" for unknown paths), method and status (2xx, 4xx, ...)
     # as vLLM's server has them, around the middleware above so that 401, 408, 413 and 500 count too.
-    Instrumentator(excluded_handlers=["^/metrics$", "^/health$"], registry=st.metrics.registry).instrument(app)
+    Instrumentator(excluded_handlers=["^/metrics$", "^/health$"], registry=metrics.registry).instrument(app)
     return app

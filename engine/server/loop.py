@@ -64,14 +64,14 @@ class Abort:
 
 
 class EngineLoop:
-    """Starts the engine thread, which builds the engine with ``build_engine`` and its metrics with
-    ``build_metrics``; returns once both are built (re-raising what building raised), with
-    ``engine`` and ``metrics`` set. The thread steps the engine once ``start`` is called."""
+    """Starts the engine thread, which builds the engine with ``build_engine``; returns once it is built
+    (re-raising what building raised), with ``engine`` set. The thread steps the engine once ``start``
+    is called."""
 
-    def __init__(self, build_engine: Callable[[], LLMEngine], build_metrics: Callable[[LLMEngine], ServerMetrics],
-                 max_waiting: int, history: BatchHistory):
+    def __init__(self, build_engine: Callable[[], LLMEngine], max_waiting: int, history: BatchHistory):
         self.history = history  # the BatchRecords of GET /stallfree/batches
         self.max_waiting = max_waiting
+        self.metrics: ServerMetrics | None = None  # set by start
         self.error: str | None = None  # why the thread died
         self._cond = threading.Condition()
         self._commands: list[Submission | Abort] = []
@@ -81,15 +81,15 @@ class EngineLoop:
         # engine-thread state
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._progress = True
+        self._build_error: BaseException | None = None
         built = threading.Event()
-        failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._main, args=(build_engine, build_metrics, built, failure),
-                                        name="stallfree-engine", daemon=True)
+        self._thread = threading.Thread(target=self._main, args=(build_engine, built), name="stallfree-engine",
+                                        daemon=True)
         self._thread.start()
         built.wait()
-        if failure:
+        if self._build_error is not None:
             self._thread.join()
-            raise failure[0]
+            raise self._build_error
 
     # -- any thread --------------------------------------------------------------------------------
 
@@ -97,7 +97,8 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._started.is_set() and self._thread.is_alive() and not self._stopping
 
-    def start(self) -> None:
+    def start(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
         self._started.set()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -141,18 +142,17 @@ class EngineLoop:
 
     # -- engine thread -----------------------------------------------------------------------------
 
-    def _main(self, build_engine: Callable[[], LLMEngine], build_metrics: Callable[[LLMEngine], ServerMetrics],
-              built: threading.Event, failure: list[BaseException]) -> None:
+    def _main(self, build_engine: Callable[[], LLMEngine], built: threading.Event) -> None:
         try:
             self.engine = build_engine()
-            self.metrics = build_metrics(self.engine)
         except BaseException as exc:
-            failure.append(exc)
+            self._build_error = exc
             return
         finally:
             built.set()
         self._started.wait()
-        self._run()
+        if not self._stopping:  # stopped before it was started: there is nothing to step or to fail
+            self._run()
 
     def _run(self) -> None:
         try:

@@ -239,9 +239,6 @@ def test_dead_engine_thread_gives_503():
             assert r.status_code == 503 and time.monotonic() - start < 1
 
 
-# -- text pieces -----------------------------------------------------------------------------------
-
-
 def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
     # a second OpenMP team (from loading on the serving thread) slowed every step by a third or more
     threads = {}
