@@ -24,8 +24,11 @@ namespace {
 using namespace attention_tiles;
 
 constexpr int TILE_ROWS = 96;  // query rows (tokens x group heads) per task: amortizes each K/V load
-constexpr int KEY_CHUNK = 64;  // keys per online-softmax step (rounded to whole blocks)
+constexpr int KEY_CHUNK = 128;  // keys per online-softmax step (rounded to whole blocks)
 constexpr int WIDE = 4;        // key blocks / column vectors per micro-tile of a decode task
+// Rows per paired-bf16 micro-tile: PAIRED_ROWS x WIDE = 24 accumulators of the 32 zmm registers, so each
+// broadcast of a q pair (or probability pair) feeds WIDE dot products and each K/V load PAIRED_ROWS.
+constexpr int PAIRED_ROWS = 6;
 
 template <typename T>
 struct Batch {
@@ -53,17 +56,27 @@ struct Scratch {  // per thread, reused across its tasks
   std::vector<const T*> blocks;  // the current chunk's V blocks, their column panels, its K blocks
 };
 
+inline void store_probs(float* p, const vf& x) { store(p, x); }
+#if defined(__AVX512BF16__)
+inline void store_probs(uint16_t* p, const vf& x) {  // rounded to bf16 for the paired P.V, as GPU flash attention does
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(x));
+}
+#endif
+
 // One online-softmax step for the tile's rows over the chunk of keys [start, start + len): turns the
-// scores in s into probabilities (0 where masked) and rescales the running output where the max grows.
-inline void softmax_step(float* s, int64_t lds, int64_t rows, int64_t group, int64_t first_pos, int64_t start,
-                         int64_t len, float* o, int64_t head_dim, float* row_max, float* row_sum) {
+// scores in s into probabilities in p (0 where masked, whole vectors: P.V reads them so; p may be s) and
+// rescales the running output where the max grows.
+template <typename P>
+void softmax_step(const float* s, int64_t lds, int64_t rows, int64_t group, int64_t first_pos, int64_t start,
+                  int64_t len, P* p, float* o, int64_t head_dim, float* row_max, float* row_sum) {
   vf lane;
   for (int i = 0; i < W; ++i) lane[i] = static_cast<float>(i);
   for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * lds;
+    const float* sr = s + r * lds;
+    P* pr = p + r * lds;
     const int64_t visible = std::clamp<int64_t>(first_pos + r / group + 1 - start, 0, len);
     if (visible == 0) {
-      std::fill(sr, sr + (len + W - 1) / W * W, 0.0f);  // whole vectors: the paired path reads them
+      std::fill(pr, pr + (len + W - 1) / W * W, P{});
       continue;
     }
     const float limit = static_cast<float>(visible);
@@ -78,10 +91,10 @@ inline void softmax_step(float* s, int64_t lds, int64_t rows, int64_t group, int
     for (int i = 0; i < W; ++i) new_max = std::max(new_max, vmax[i]);
     vf vsum = splat(0.0f);
     for (int64_t j = 0; j < len; j += W) {
-      vf p = exp2_nonpositive(load<W>(sr + j) - new_max);
-      if (masked) p = lane + static_cast<float>(j) < limit ? p : 0.0f;
-      store(sr + j, p);
-      vsum += p;
+      vf x = exp2_nonpositive(load<W>(sr + j) - new_max);
+      if (masked) x = lane + static_cast<float>(j) < limit ? x : 0.0f;
+      store_probs(pr + j, x);
+      vsum += x;
     }
     float sum = 0.0f;
     for (int i = 0; i < W; ++i) sum += vsum[i];
@@ -105,52 +118,34 @@ bool paired_layout(int64_t block_size) {
 #if defined(__AVX512BF16__)
 // Q.K^T of one chunk on the paired layout: s[rows][keys of the chunk] from its K blocks.
 inline void qk_chunk_paired(const uint16_t* q, int64_t rows, int64_t D, const uint16_t* const* k_blocks,
-                            int64_t num_blocks, int64_t bs, float scale, bool few_rows, float* s, int64_t lds,
+                            int64_t num_blocks, int64_t bs, float scale, float* s, int64_t lds,
                             const uint16_t** vectors) {
   const int64_t per_block = bs / 16, num_vectors = num_blocks * per_block;
   for (int64_t b = 0; b < num_blocks; ++b)
     for (int64_t i = 0; i < per_block; ++i) vectors[b * per_block + i] = k_blocks[b] + i * 32;
-  if (few_rows) {
-    with_rows<MAX_ROWS / WIDE>(rows, [&](auto R) {
+  for (int64_t r0 = 0; r0 < rows; r0 += PAIRED_ROWS) {
+    with_rows<PAIRED_ROWS>(std::min<int64_t>(PAIRED_ROWS, rows - r0), [&](auto R) {
       int64_t i = 0;
       for (; i + WIDE <= num_vectors; i += WIDE)
-        qk_tile_paired<R.value, WIDE>(q, D, vectors + i, 2 * bs, scale, s + i * 16, lds);
-      for (; i < num_vectors; ++i) qk_tile_paired<R.value, 1>(q, D, vectors + i, 2 * bs, scale, s + i * 16, lds);
-    });
-    return;
-  }
-  for (int64_t i = 0; i < num_vectors; ++i) {
-    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
-      with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
+        qk_tile_paired<R.value, WIDE>(q + r0 * D, D, vectors + i, 2 * bs, scale, s + r0 * lds + i * 16, lds);
+      for (; i < num_vectors; ++i)
         qk_tile_paired<R.value, 1>(q + r0 * D, D, vectors + i, 2 * bs, scale, s + r0 * lds + i * 16, lds);
-      });
-    }
+    });
   }
 }
 
-// P.V of one chunk on the paired layout, the probabilities rounded to bf16 first (as GPU flash attention
-// does); softmax_step left zeros past the chunk's keys up to a whole vector.
-inline void pv_chunk_paired(const float* s, int64_t rows, int64_t lds, int64_t len, const uint16_t* const* v_blocks,
-                            int64_t bs, int64_t D, bool few_rows, uint16_t* p, float* o) {
-  const int64_t padded = (len + 15) / 16 * 16;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < padded; j += 16) {
-      const __m256bh bf16 = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * lds + j));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * lds + j), (__m256i)bf16);
-    }
-  }
-  if (few_rows && D % (WIDE * 16) == 0) {
-    for (int64_t col = 0; col < D; col += WIDE * 16) {
-      with_rows<MAX_ROWS / WIDE>(rows, [&](auto R) {
-        pv_tile_paired<R.value, WIDE>(p, lds, v_blocks, col, bs, len, D, o + col);
-      });
-    }
-    return;
-  }
-  for (int64_t col = 0; col < D; col += 16) {
-    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
-      with_rows(std::min<int64_t>(MAX_ROWS, rows - r0), [&](auto R) {
-        pv_tile_paired<R.value, 1>(p + r0 * lds, lds, v_blocks, col, bs, len, D, o + r0 * D + col);
+// P.V of one chunk on the paired layout from softmax_step's bf16 probabilities.
+inline void pv_chunk_paired(const uint16_t* p, int64_t rows, int64_t lds, int64_t len, const uint16_t* const* v_blocks,
+                            int64_t bs, int64_t D, float* o) {
+  const bool wide = D % (WIDE * 16) == 0;
+  for (int64_t col = 0; col < D; col += wide ? WIDE * 16 : 16) {
+    for (int64_t r0 = 0; r0 < rows; r0 += PAIRED_ROWS) {
+      with_rows<PAIRED_ROWS>(std::min<int64_t>(PAIRED_ROWS, rows - r0), [&](auto R) {
+        if (wide) {
+          pv_tile_paired<R.value, WIDE>(p + r0 * lds, lds, v_blocks, col, bs, len, D, o + r0 * D + col);
+        } else {
+          pv_tile_paired<R.value, 1>(p + r0 * lds, lds, v_blocks, col, bs, len, D, o + r0 * D + col);
+        }
       });
     }
   }
@@ -225,10 +220,11 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, uint16_t>) {
       if (paired) {
-        qk_chunk_paired(scratch.q_pairs.data(), rows, D, k_blocks, num_blocks, bs, q_scale, few_rows, s, lds,
+        qk_chunk_paired(scratch.q_pairs.data(), rows, D, k_blocks, num_blocks, bs, q_scale, s, lds,
                         k_blocks + blocks_per_chunk);
-        softmax_step(s, lds, rows, group, task.first_pos, start, len, o, D, scratch.max.data(), scratch.sum.data());
-        pv_chunk_paired(s, rows, lds, len, v_blocks, bs, D, few_rows, scratch.p_pairs.data(), o);
+        uint16_t* p = scratch.p_pairs.data();
+        softmax_step(s, lds, rows, group, task.first_pos, start, len, p, o, D, scratch.max.data(), scratch.sum.data());
+        pv_chunk_paired(p, rows, lds, len, v_blocks, bs, D, o);
         continue;
       }
     }
@@ -240,7 +236,7 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
         for (; b < num_blocks; ++b) qk_tile_blocks<R.value, 1>(q, D, k_blocks + b, s + b * bs, lds);
       });
     }
-    softmax_step(s, lds, rows, group, task.first_pos, start, len, o, D, scratch.max.data(), scratch.sum.data());
+    softmax_step(s, lds, rows, group, task.first_pos, start, len, s, o, D, scratch.max.data(), scratch.sum.data());
     if (few_rows && D % (WIDE * W) == 0) {
       for (int64_t col = 0; col < D; col += WIDE * W) {
         for (int64_t i = 0; i < num_blocks; ++i) panels[i] = v_blocks[i] + col;
