@@ -6,7 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -66,24 +66,52 @@ inline void store_scalar(uint16_t* dst, float x) {  // round to nearest even
   *dst = static_cast<uint16_t>(bits >> 16);
 }
 
-// 2^x for x <= 0: x = n + f with n the nearest integer, 2^f by its degree-7 Taylor polynomial (|f| <= 0.5,
-// error about one ulp), 2^n added to the exponent bits. Clamped at -125, where the result is ~0 anyway.
-inline vf exp2_nonpositive(vf x) {
-  x = x > -125.0f ? x : -125.0f;
-  const vi n = __builtin_convertvector(x - 0.5f, vi);  // truncation of a negative number: ceil(x - 0.5)
-  const vf f = x - __builtin_convertvector(n, vf);
-  vf p = f * 1.5252733804059841e-05f + 1.5403530393381609e-04f;
-  p = p * f + 1.3333558146428443e-03f;
+// 2^f for |f| <= 0.5 by its degree-6 Taylor polynomial (relative error below 2e-7).
+inline vf exp2_fraction(vf f) {
+  vf p = f * 1.5403530393381609e-04f + 1.3333558146428443e-03f;
   p = p * f + 9.6181291076284772e-03f;
   p = p * f + 5.5504108664821580e-02f;
   p = p * f + 2.4022650695910071e-01f;
   p = p * f + 6.9314718055994531e-01f;
-  p = p * f + 1.0f;
+  return p * f + 1.0f;
+}
+
+// 2^x for x <= 0, vectorized: x = n + f with n the nearest integer, 2^f by exp2_fraction, times 2^n.
+#if defined(__AVX512F__)
+inline vf exp2_nonpositive(vf x) {  // vscalefps multiplies by 2^n and flushes to 0 far below 2^-126
+  const vf n = (vf)_mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (vf)_mm512_scalef_ps((__m512)exp2_fraction(x - n), (__m512)n);
+}
+#else
+inline vf exp2_nonpositive(vf x) {  // 2^n added to the exponent bits; clamped at -125, where 2^x is ~0
+  x = x > -125.0f ? x : -125.0f;
+  const vi n = __builtin_convertvector(x - 0.5f, vi);  // truncation of a negative number: ceil(x - 0.5)
+  vf p = exp2_fraction(x - __builtin_convertvector(n, vf));
   vi bits;
   std::memcpy(&bits, &p, sizeof bits);
   bits += n << 23;
   std::memcpy(&p, &bits, sizeof p);
   return p;
+}
+#endif
+
+inline float reduce_max(const vf& v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps((__m512)v);
+#else
+  float m = v[0];
+  for (int i = 1; i < W; ++i) m = std::max(m, v[i]);
+  return m;
+#endif
+}
+inline float reduce_sum(const vf& v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#else
+  float sum = 0.0f;
+  for (int i = 0; i < W; ++i) sum += v[i];
+  return sum;
+#endif
 }
 
 // Calls fn(std::integral_constant<int, rows>) for a runtime 1 <= rows <= MAX_ROWS.

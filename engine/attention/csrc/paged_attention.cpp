@@ -71,10 +71,11 @@ void softmax_step(const float* s, int64_t lds, int64_t rows, int64_t group, int6
                   int64_t len, P* p, float* o, int64_t head_dim, float* row_max, float* row_sum) {
   vf lane;
   for (int i = 0; i < W; ++i) lane[i] = static_cast<float>(i);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t token = 0, r = 0; r < rows; ++token) {  // rows: tokens x the query heads of the group
+   const int64_t visible = std::clamp<int64_t>(first_pos + token + 1 - start, 0, len);  // keys it sees
+   for (const int64_t token_end = r + group; r < token_end; ++r) {
     const float* sr = s + r * lds;
     P* pr = p + r * lds;
-    const int64_t visible = std::clamp<int64_t>(first_pos + r / group + 1 - start, 0, len);
     if (visible == 0) {
       std::fill(pr, pr + (len + W - 1) / W * W, P{});
       continue;
@@ -87,24 +88,24 @@ void softmax_step(const float* s, int64_t lds, int64_t rows, int64_t group, int6
       if (masked) x = lane + static_cast<float>(j) < limit ? x : -1e30f;
       vmax = x > vmax ? x : vmax;
     }
-    float new_max = row_max[r];
-    for (int i = 0; i < W; ++i) new_max = std::max(new_max, vmax[i]);
+    const float new_max = std::max(row_max[r], reduce_max(vmax));
     vf vsum = splat(0.0f);
-    for (int64_t j = 0; j < len; j += W) {
+    const int64_t end = (visible + W - 1) / W * W;  // past it, whole vectors of zeros
+    for (int64_t j = 0; j < end; j += W) {
       vf x = exp2_nonpositive(load<W>(sr + j) - new_max);
       if (masked) x = lane + static_cast<float>(j) < limit ? x : 0.0f;
       store_probs(pr + j, x);
       vsum += x;
     }
-    float sum = 0.0f;
-    for (int i = 0; i < W; ++i) sum += vsum[i];
+    std::fill(pr + end, pr + (len + W - 1) / W * W, P{});
     if (new_max > row_max[r]) {
-      const float alpha = std::exp2(row_max[r] - new_max);
+      const float alpha = exp2_nonpositive(splat(row_max[r] - new_max))[0];
       for (int64_t d = 0; d < head_dim; ++d) o[r * head_dim + d] *= alpha;
       row_sum[r] *= alpha;
       row_max[r] = new_max;
     }
-    row_sum[r] += sum;
+    row_sum[r] += reduce_sum(vsum);
+   }
   }
 }
 
