@@ -4,8 +4,14 @@ Both clients send the same requests at the same times, against stallfree-serve a
 server on the same materialized preset directory: vLLM's client replays a ``timed_trace`` dataset
 (per-request timestamps, token-id prompts expanded from hash ids, ignore_eos), with PYTHONHASHSEED fixed
 so every run expands the same prompts; its requests are captured from its own run and stallfree's
-open-loop dispatcher (loadgen.openloop) replays exactly those, at the same offsets. Runs go in ABBA
-order per server. Server ``simulated`` is a control: stallfree-serve with ``model.runner=simulated``,
+open-loop dispatcher (loadgen.openloop) replays exactly those, at the same offsets. ``--together``:
+``no`` runs the clients in turn, ABBA order per server; the other two run both at once, their schedules
+started at the same instant, so the machine's drift between runs reaches both alike. ``copies`` has each
+client send every request (each prompt twice in all; the two copies usually share a server iteration,
+and the per-request pairs show when they do not); ``halves`` has vLLM's client send the even-numbered
+requests and ours the odd ones, then the other way round, so the server sees the workload once per run and
+each client measures every request once per repeat. vLLM's server runs without prefix caching: the runs
+resend the same prompts. Server ``simulated`` is a control: stallfree-serve with ``model.runner=simulated``,
 whose iterations sleep the cost model's time, so the server hardly depends on the CPU the clients and
 other processes leave it. Per run: the client's medians of TTFT (from the actual send), TPOT and ITL as vLLM
 defines them, the client process's CPU time during the schedule (resource usage), its schedule lag, and
@@ -14,6 +20,7 @@ by loadgen.metrics, which checks that the two define the metrics alike.
 
     python -m benchmarks.vs_vllm_client --peer-script PATH/vllm_cpu.sh [--peer-venv ~/.cache/vllm-cpu-venv]
     # benchmarks/results/vs_vllm_client.json: ... --servers simulated,stallfree,vllm --qps 0.5,4
+    # benchmarks/results/vs_vllm_client_{copies,halves}.json: ... --qps 2 --num-requests 64 --together copies|halves
 
 ``--peer-script`` serves vLLM's CPU build (``PEER serve MODEL_DIR PORT [vLLM args]``); ``--peer-venv`` is
 the venv it installed, whose Python runs vLLM's client.
@@ -21,6 +28,7 @@ the venv it installed, whose Python runs vLLM's client.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -47,16 +55,21 @@ from loadgen.results import requests_frame
 from loadgen.workload import RequestSpec, poisson
 
 TOLERANCE = 0.05
+SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together
+ABORTED = "aborted"  # a run at once: the start file when vLLM's client failed before writing its start
 HASH_BLOCK = 16  # vLLM's --timed-trace-chunk-hash-size: tokens per hash id
 # vLLM's summary keys -> loadgen.metrics summary keys of the same definition
 SAME_METRIC = {"median_ttft_ms": "median_ttft_from_send_ms", "median_tpot_ms": "median_tpot_ms",
                "median_itl_ms": "median_itl_ms"}
 # vLLM's benchmark client, as `vllm bench serve` runs it, with its requests captured and its CPU time
 # and start of schedule recorded (the sidecar JSON, argv[1]).
+# argv[2] is "-", "capture" (write the expanded requests and stop: no benchmark), or a start file: the
+# client then writes the perf_counter time its schedule will start at (1 s ahead) there, for the other
+# client of a run at once, and waits for it.
 VLLM_CLIENT = r'''
-import argparse, json, resource, sys, time
+import argparse, asyncio, json, os, resource, sys, time
 from vllm.benchmarks import serve
-sidecar, info = sys.argv[1], {}
+sidecar, start_file, info = sys.argv[1], sys.argv[2], {}
 get_samples, get_request, benchmark = serve.get_samples, serve.get_request, serve.benchmark
 def cpu_s():
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -64,8 +77,17 @@ def cpu_s():
 def captured_samples(*args, **kwargs):
     samples = get_samples(*args, **kwargs)
     info["requests"] = [[s.prompt, s.timestamp, s.expected_output_len] for s in samples]
+    if start_file == "capture":
+        json.dump(info, open(sidecar, "w"))
+        sys.exit(0)
     return samples
 async def timed_get_request(*args, **kwargs):
+    if start_file not in ("-", "capture"):
+        start = time.perf_counter() + 1.0
+        with open(start_file + ".tmp", "w") as f:
+            f.write(repr(start))
+        os.replace(start_file + ".tmp", start_file)
+        await asyncio.sleep(start - time.perf_counter())
     info["schedule_start"], info["cpu_start_s"] = time.perf_counter(), cpu_s()
     async for item in get_request(*args, **kwargs):
         yield item
@@ -76,7 +98,7 @@ async def timed_benchmark(*args, **kwargs):
 serve.get_samples, serve.get_request, serve.benchmark = captured_samples, timed_get_request, timed_benchmark
 parser = argparse.ArgumentParser()
 serve.add_cli_args(parser)
-serve.main(parser.parse_args(sys.argv[2:]))
+serve.main(parser.parse_args(sys.argv[3:]))
 json.dump(info, open(sidecar, "w"))
 '''
 
@@ -126,8 +148,26 @@ def stop_server(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_stallfree_client(url: str, model: str, specs: list[RequestSpec]) -> tuple[list[RequestRecord], float]:
-    """In a child process of its own: the records and the CPU time the client used for the schedule."""
+def wait_for_start(start_file: Path, timeout_s: float = 600) -> None:
+    """Sleep until the perf_counter time vLLM's client wrote to ``start_file`` (CLOCK_MONOTONIC on Linux,
+    the same clock in every process)."""
+    deadline = time.perf_counter() + timeout_s
+    while not start_file.exists():
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"vLLM's client wrote no start time to {start_file}")
+        time.sleep(0.001)
+    start = start_file.read_text()
+    if start == ABORTED:
+        raise RuntimeError("vLLM's client failed before its schedule started")
+    time.sleep(max(0.0, float(start) - time.perf_counter()))
+
+
+def run_stallfree_client(url: str, model: str, specs: list[RequestSpec],
+                         start_file: Path | None = None) -> tuple[list[RequestRecord], float]:
+    """In a child process of its own: the records and the CPU time the client used for the schedule.
+    With ``start_file``, the schedule starts when vLLM's client starts its own."""
+    if start_file is not None:
+        wait_for_start(start_file)
     before = resource.getrusage(resource.RUSAGE_SELF)
     records = run_open_loop_sync(url, specs, model=model, timeout_s=900)
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -163,44 +203,133 @@ def client_figures(records: list[RequestRecord], cpu_s: float) -> dict:
             "client_cpu_ms_per_request": 1e3 * cpu_s / len(records)}
 
 
-def run_vllm_client(args: argparse.Namespace, url: str, model_dir: Path, trace: Path, work: Path, tag: str) -> tuple[dict, list]:
-    sidecar, name = work / f"{tag}.info.json", f"{tag}.json"
-    command = [str(Path(args.peer_venv).expanduser() / "bin" / "python"), "-c", VLLM_CLIENT, str(sidecar),
+def vllm_client(args: argparse.Namespace, url: str, model_dir: Path, trace: Path, work: Path, tag: str,
+                start_file: str = "-", num_prompts: int | None = None) -> subprocess.Popen:
+    """vLLM's client (``start_file``: see VLLM_CLIENT), started; its log, result and sidecar are named by ``tag``."""
+    command = [str(Path(args.peer_venv).expanduser() / "bin" / "python"), "-c", VLLM_CLIENT,
+               str(work / f"{tag}.info.json"), start_file,
                "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", args.model,
                "--tokenizer", str(model_dir), "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-               "--num-prompts", str(args.num_requests), "--temperature", "0", "--save-result",
-               "--save-detailed", "--result-dir", str(work), "--result-filename", name]
-    with open(work / f"{tag}.log", "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONHASHSEED": "0"})
-    if done.returncode != 0:
-        raise RuntimeError(f"vLLM's client exited with {done.returncode}; see {work / f'{tag}.log'}")
-    result, info = json.loads((work / name).read_text()), json.loads(sidecar.read_text())
-    figures = client_figures(vllm_records(result, info), info["cpu_s"])
-    figures["vllm_reported"] = {key: result[key] for key in SAME_METRIC}
-    return figures, info["requests"]
+               "--num-prompts", str(num_prompts or args.num_requests), "--temperature", "0", "--save-result",
+               "--save-detailed", "--result-dir", str(work), "--result-filename", f"{tag}.json"]
+    return subprocess.Popen(command, stdout=(work / f"{tag}.log").open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONHASHSEED": "0"})
+
+
+def finish_vllm_client(proc: subprocess.Popen, work: Path, tag: str) -> dict:
+    """Wait for vLLM's client; return its sidecar, with its figures unless it only captured requests."""
+    if proc.wait() != 0:
+        raise RuntimeError(f"vLLM's client exited with {proc.returncode}; see {work / f'{tag}.log'}")
+    info = json.loads((work / f"{tag}.info.json").read_text())
+    if "cpu_s" in info:
+        result = json.loads((work / f"{tag}.json").read_text())
+        info["records"] = vllm_records(result, info)
+        info["figures"] = {**client_figures(info["records"], info["cpu_s"]),
+                           "vllm_reported": {key: result[key] for key in SAME_METRIC}}
+    return info
+
+
+def pair_figures(theirs: list[RequestRecord], ours: list[RequestRecord]) -> dict:
+    """``--together copies``, request by request: the two copies' TTFTs (each from its own client's send). Copies
+    whose first tokens came within ``SAME_STEP_MS`` came from the same server iteration."""
+    pairs = [((a.first_token_time - a.send_time) * 1e3, (b.first_token_time - b.send_time) * 1e3)
+             for a, b in zip(theirs, ours, strict=True) if a.status == b.status == "ok"]
+    same = [(a, b) for a, b in pairs if abs(a - b) < SAME_STEP_MS]
+    return {"pairs": len(pairs), "same_step_pairs": len(same),
+            "vllm_copy_later_pairs": sum(a - b >= SAME_STEP_MS for a, b in pairs),
+            "stallfree_copy_later_pairs": sum(b - a >= SAME_STEP_MS for a, b in pairs),
+            "same_step_median_ttft_diff_ms": statistics.median(a - b for a, b in same) if same else None}
+
+
+def replay_specs(requests: list) -> list[RequestSpec]:
+    """The requests vLLM's client expanded, as the load generator's specs (same prompts, offsets, lengths)."""
+    return [RequestSpec(f"r{j}", t, list(prompt), out) for j, (prompt, t, out) in enumerate(requests)]
+
+
+def run_at_once(args: argparse.Namespace, url: str, model_dir: Path, work: Path, tag: str, trace: Path,
+                num_prompts: int, our_specs: list[RequestSpec], pool: ProcessPoolExecutor) -> tuple[dict, list, float]:
+    """Both clients at once, their schedules started at the same instant: vLLM's on ``trace``, ours on
+    ``our_specs``. vLLM's sidecar (with its records), our records and our CPU seconds."""
+    start_file = work / f"{tag}.start"
+    theirs = vllm_client(args, url, model_dir, trace, work, tag, str(start_file), num_prompts)
+    ours = pool.submit(run_stallfree_client, url, args.model, our_specs, start_file)
+    try:
+        info = finish_vllm_client(theirs, work, tag)
+    finally:
+        if not start_file.exists():  # vLLM's client failed before its schedule: release ours
+            start_file.write_text(ABORTED)
+    records, cpu_s = ours.result()
+    # beside vLLM's per-request file, for a look request by request
+    (work / f"{tag}.stallfree.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
+    return info, records, cpu_s
+
+
+def write_subset(trace: Path, indices: list[int], path: Path) -> Path:
+    lines = trace.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[i] for i in indices))
+    return path
 
 
 def measure_point(args: argparse.Namespace, name: str, engine_pid: int, url: str, model_dir: Path, qps: float, work: Path,
                   pool: ProcessPoolExecutor) -> list[dict]:
-    """ABBA runs of the two clients at one rate (vLLM's first: its run gives the requests stallfree replays)."""
+    """The runs of both clients at one rate, by ``--together`` (module docstring)."""
     trace = work / f"trace-{qps:g}.jsonl"
     write_trace(trace, args.num_requests, qps, args.prompt_len, args.max_tokens, args.seed)
-    runs, specs, requests = [], None, None
-    order = ["vllm", "stallfree", "stallfree", "vllm"] * math.ceil(args.repeats / 2)
-    for i, client in enumerate(order[:2 * args.repeats]):
-        with CpuMonitor(engine_pid) as monitor:
-            if client == "vllm":
-                figures, sent = run_vllm_client(args, url, model_dir, trace, work, f"{name}-{qps:g}-{i}")
-                assert requests in (None, sent), "vLLM's client expanded different prompts on a rerun"
-                requests = sent
-                specs = [RequestSpec(f"r{j}", t, list(prompt), out) for j, (prompt, t, out) in enumerate(sent)]
-            else:
-                figures = client_figures(*pool.submit(run_stallfree_client, url, args.model, specs).result())
+    runs = []
+
+    def record(client: str, i: int, figures: dict, monitor: CpuMonitor) -> None:
         server_cpu = monitor.report.as_summary() if monitor.report else {}
-        runs.append({"server": name, "qps": qps, "client": client, "run": i, **figures,
+        runs.append({"server": name, "qps": qps, "client": client, "run": i, "together": args.together, **figures,
                      **{f"server_{k}": server_cpu.get(k) for k in ("engine_cpu_share", "others_cpu_share",
                                                                       "load_avg_1m", "wall_s", "disturbed")}})
         print(json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)}), flush=True)
+
+    def check(info: dict, expected: list) -> None:
+        assert info["requests"] == expected, "vLLM's client expanded different prompts on a rerun"
+
+    if args.together == "no":  # ABBA, vLLM's first: its run gives the requests stallfree replays
+        order, requests = ["vllm", "stallfree", "stallfree", "vllm"] * math.ceil(args.repeats / 2), None
+        for i, client in enumerate(order[:2 * args.repeats]):
+            with CpuMonitor(engine_pid) as monitor:
+                if client == "vllm":
+                    tag = f"{name}-{qps:g}-{i}"
+                    info = finish_vllm_client(vllm_client(args, url, model_dir, trace, work, tag), work, tag)
+                    requests = requests or info["requests"]
+                    check(info, requests)
+                    figures = info["figures"]
+                else:
+                    figures = client_figures(*pool.submit(run_stallfree_client, url, args.model,
+                                                          replay_specs(requests)).result())
+            record(client, i, figures, monitor)
+        return runs
+    tag = f"{name}-{qps:g}-capture"
+    requests = finish_vllm_client(vllm_client(args, url, model_dir, trace, work, tag, "capture"), work, tag)["requests"]
+    specs = replay_specs(requests)
+    n = len(specs)
+    for i in range(args.repeats):
+        tag = f"{name}-{qps:g}-{i}"
+        with CpuMonitor(engine_pid) as monitor:
+            if args.together == "copies":
+                info, ours, our_cpu_s = run_at_once(args, url, model_dir, work, tag, trace, n, specs, pool)
+                check(info, requests)
+                theirs, their_cpu_s = info["records"], info["cpu_s"]
+                extra = {"pairs": pair_figures(theirs, ours)}
+            else:  # halves, swapped between the two runs
+                theirs, ours, their_cpu_s, our_cpu_s = [], [], 0.0, 0.0
+                for half in (0, 1):
+                    their_part = list(range(half, n, 2))
+                    our_part = list(range(1 - half, n, 2))
+                    subset = write_subset(trace, their_part, work / f"{tag}-{half}.jsonl")
+                    info, our_records, cpu_s = run_at_once(args, url, model_dir, work, f"{tag}-{half}", subset,
+                                                           len(their_part), [specs[j] for j in our_part], pool)
+                    check(info, [requests[j] for j in their_part])
+                    theirs += info["records"]
+                    ours += our_records
+                    their_cpu_s += info["cpu_s"]
+                    our_cpu_s += cpu_s
+                extra = {}
+        record("vllm", i, {**client_figures(theirs, their_cpu_s), **extra}, monitor)
+        record("stallfree", i, {**client_figures(ours, our_cpu_s), **extra}, monitor)
     return runs
 
 
@@ -230,8 +359,13 @@ def compare(runs: list[dict]) -> dict:
                              "runs": {"vllm_client": values("vllm", key), "stallfree_client": values("stallfree", key)}}
         # loadgen.metrics on vLLM's own timestamps against the medians vLLM reports: the definitions agree
         entry["definitions_max_rel_diff"] = max(
-            abs(r[ours] / r["vllm_reported"][theirs] - 1) for r in runs
-            if (r["server"], r["qps"]) == point and r["client"] == "vllm" for theirs, ours in SAME_METRIC.items())
+            (abs(r[ours] / r["vllm_reported"][theirs] - 1) for r in runs
+             if (r["server"], r["qps"]) == point and "vllm_reported" in r for theirs, ours in SAME_METRIC.items()),
+            default=None)
+        paired = [r["pairs"] for r in runs if (r["server"], r["qps"]) == point and r["client"] == "vllm" and "pairs" in r]
+        if paired:  # copies of a request served in different iterations: which client's copy came later
+            entry["pairs"] = {key: sum(p[key] for p in paired) for key in
+                              ("pairs", "same_step_pairs", "vllm_copy_later_pairs", "stallfree_copy_later_pairs")}
         entry["client_cpu_ms_per_request"] = {c: median_of(c, "client_cpu_ms_per_request") for c in ("vllm", "stallfree")}
         entry["server_engine_cpu_share"] = {c: median_of(c, "server_engine_cpu_share") for c in ("vllm", "stallfree")}
     return out
@@ -247,6 +381,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="runs per client per server (ABBA order)")
+    ap.add_argument("--together", default="no", choices=["no", "copies", "halves"],
+                    help="no: the clients take turns (ABBA); copies: both at once, each sending every request; "
+                         "halves: both at once, each sending every other request, swapped in a second run "
+                         "(one repeat = both runs, figures over both)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--servers", default="stallfree,vllm", help="any of stallfree, simulated, vllm")
     ap.add_argument("--cost-model", default="benchmarks/cost_models/small-cpu.json", help="for the simulated server")
@@ -264,7 +402,8 @@ def main() -> None:
         "simulated": ([*stallfree, "model.runner=simulated", f"model.cost_model={args.cost_model}", "port=8133"],
                       8133),
         "vllm": (["bash", args.peer_script, "serve", str(model_dir), "8132", "--dtype", "float32",
-                  "--served-model-name", args.model], 8132),
+                  # the runs resend the same prompts (--together copies: each one twice): no prefix-cache hits
+                  "--served-model-name", args.model, "--no-enable-prefix-caching"], 8132),
     }
     runs = []
     for name in args.servers.split(","):
@@ -277,7 +416,7 @@ def main() -> None:
             stop_server(proc)
     result = {"model": args.model, "dtype": "float32", "num_requests": args.num_requests, "qps": args.qps,
               "arrival": "poisson", "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-              "seed": args.seed, "repeats": args.repeats, "cpus": os.cpu_count(),
+              "seed": args.seed, "repeats": args.repeats, "together": args.together, "cpus": os.cpu_count(),
               "comparison": compare(runs), "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
