@@ -34,134 +34,35 @@ import math
 import multiprocessing
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import httpx
-import numpy as np
-
+from benchmarks.lib.server_process import busiest_process, start_server, stop_server
+from benchmarks.lib.vllm_client import (
+    ABORTED,
+    finish_vllm_client,
+    start_vllm_client,
+    wait_for_start,
+    write_subset,
+    write_trace,
+)
 from engine.model.presets import resolve_model_path
-from loadgen.cpu_share import CpuMonitor, sample
+from loadgen.cpu_share import CpuMonitor
 from loadgen.metrics import summarize
 from loadgen.openloop import run_open_loop_sync
 from loadgen.records import RequestRecord
 from loadgen.results import requests_frame
-from loadgen.workload import RequestSpec, poisson
+from loadgen.workload import RequestSpec
 
 TOLERANCE = 0.05
 SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together
-ABORTED = "aborted"  # a run at once: the start file when vLLM's client failed before writing its start
-HASH_BLOCK = 16  # vLLM's --timed-trace-chunk-hash-size: tokens per hash id
 # vLLM's summary keys -> loadgen.metrics summary keys of the same definition
 SAME_METRIC = {"median_ttft_ms": "median_ttft_from_send_ms", "median_tpot_ms": "median_tpot_ms",
                "median_itl_ms": "median_itl_ms"}
-# vLLM's benchmark client, as `vllm bench serve` runs it, with its requests captured and its CPU time
-# and start of schedule recorded (the sidecar JSON, argv[1]).
-# argv[2] is "-", "capture" (write the expanded requests and stop: no benchmark), or a start file: the
-# client then writes the perf_counter time its schedule will start at (1 s ahead) there, for the other
-# client of a run at once, and waits for it.
-VLLM_CLIENT = r'''
-import argparse, asyncio, json, os, resource, sys, time
-from vllm.benchmarks import serve
-sidecar, start_file, info = sys.argv[1], sys.argv[2], {}
-get_samples, get_request, benchmark = serve.get_samples, serve.get_request, serve.benchmark
-def cpu_s():
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-def captured_samples(*args, **kwargs):
-    samples = get_samples(*args, **kwargs)
-    info["requests"] = [[s.prompt, s.timestamp, s.expected_output_len] for s in samples]
-    if start_file == "capture":
-        json.dump(info, open(sidecar, "w"))
-        sys.exit(0)
-    return samples
-async def timed_get_request(*args, **kwargs):
-    if start_file not in ("-", "capture"):
-        start = time.perf_counter() + 1.0
-        with open(start_file + ".tmp", "w") as f:
-            f.write(repr(start))
-        os.replace(start_file + ".tmp", start_file)
-        await asyncio.sleep(start - time.perf_counter())
-    info["schedule_start"], info["cpu_start_s"] = time.perf_counter(), cpu_s()
-    async for item in get_request(*args, **kwargs):
-        yield item
-async def timed_benchmark(*args, **kwargs):
-    result = await benchmark(*args, **kwargs)
-    info["cpu_s"] = cpu_s() - info["cpu_start_s"]
-    return result
-serve.get_samples, serve.get_request, serve.benchmark = captured_samples, timed_get_request, timed_benchmark
-parser = argparse.ArgumentParser()
-serve.add_cli_args(parser)
-serve.main(parser.parse_args(sys.argv[3:]))
-json.dump(info, open(sidecar, "w"))
-'''
-
-
-def write_trace(path: Path, n: int, qps: float, prompt_len: int, output_len: int, seed: int) -> None:
-    """vLLM's timed_trace JSONL: Poisson send offsets (loadgen's arrival process), unique hash ids."""
-    offsets = poisson(np.random.default_rng(seed), n, qps)
-    blocks = math.ceil(prompt_len / HASH_BLOCK)
-    path.write_text("".join(json.dumps({"timestamp": float(t), "input_length": prompt_len,
-                                        "output_length": output_len,
-                                        "hash_ids": list(range(i * blocks, (i + 1) * blocks))}) + "\n"
-                            for i, t in enumerate(offsets)))
-
-
-def descendants(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return children + [d for c in children for d in descendants(c)]
-
-
-def busiest_process(pid: int) -> int:
-    """The process of the tree under ``pid`` that has used the most CPU (the engine: vLLM's worker)."""
-    return max([pid, *descendants(pid)], key=lambda p: sample(p).engine_cpu_s)
-
-
-def start_server(command: list[str], url: str, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 1200
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{command[0]} exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"{command[0]} did not become ready; see {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def wait_for_start(start_file: Path, timeout_s: float = 600) -> None:
-    """Sleep until the perf_counter time vLLM's client wrote to ``start_file`` (CLOCK_MONOTONIC on Linux,
-    the same clock in every process)."""
-    deadline = time.perf_counter() + timeout_s
-    while not start_file.exists():
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"vLLM's client wrote no start time to {start_file}")
-        time.sleep(0.001)
-    start = start_file.read_text()
-    if start == ABORTED:
-        raise RuntimeError("vLLM's client failed before its schedule started")
-    time.sleep(max(0.0, float(start) - time.perf_counter()))
-
-
 def run_stallfree_client(url: str, model: str, specs: list[RequestSpec],
                          start_file: Path | None = None) -> tuple[list[RequestRecord], float]:
     """In a child process of its own: the records and the CPU time the client used for the schedule.
@@ -174,20 +75,10 @@ def run_stallfree_client(url: str, model: str, specs: list[RequestSpec],
     return records, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def vllm_records(result: dict, info: dict) -> list[RequestRecord]:
-    """vLLM's per-request timestamps (--save-detailed; perf_counter seconds) as RequestRecords."""
-    records = []
-    for i, (start, ttft, itl, latency, out, error) in enumerate(zip(
-            result["start_times"], result["ttfts"], result["itls"], result["latencies"], result["output_lens"],
-            result["errors"], strict=True)):
-        first = start + ttft
-        records.append(RequestRecord(
-            request_id=f"vllm-{i}", status="error" if error else "ok", error=error or None, is_warmup=False,
-            prompt_tokens=result["input_lens"][i], max_tokens=out, output_tokens=out,
-            intended_send_time=info["schedule_start"] + info["requests"][i][1], send_time=start,
-            first_token_time=first, finish_time=start + latency,
-            token_times=[first, *(first + np.cumsum(itl)).tolist()]))
-    return records
+def vllm_figures(info: dict) -> dict:
+    """client_figures of vLLM's run, with the medians vLLM itself reported."""
+    return {**client_figures(info["records"], info["cpu_s"]),
+            "vllm_reported": {key: info["result"][key] for key in SAME_METRIC}}
 
 
 def client_figures(records: list[RequestRecord], cpu_s: float) -> dict:
@@ -205,28 +96,8 @@ def client_figures(records: list[RequestRecord], cpu_s: float) -> dict:
 
 def vllm_client(args: argparse.Namespace, url: str, model_dir: Path, trace: Path, work: Path, tag: str,
                 start_file: str = "-", num_prompts: int | None = None) -> subprocess.Popen:
-    """vLLM's client (``start_file``: see VLLM_CLIENT), started; its log, result and sidecar are named by ``tag``."""
-    command = [str(Path(args.peer_venv).expanduser() / "bin" / "python"), "-c", VLLM_CLIENT,
-               str(work / f"{tag}.info.json"), start_file,
-               "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", args.model,
-               "--tokenizer", str(model_dir), "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-               "--num-prompts", str(num_prompts or args.num_requests), "--temperature", "0", "--save-result",
-               "--save-detailed", "--result-dir", str(work), "--result-filename", f"{tag}.json"]
-    return subprocess.Popen(command, stdout=(work / f"{tag}.log").open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONHASHSEED": "0"})
-
-
-def finish_vllm_client(proc: subprocess.Popen, work: Path, tag: str) -> dict:
-    """Wait for vLLM's client; return its sidecar, with its figures unless it only captured requests."""
-    if proc.wait() != 0:
-        raise RuntimeError(f"vLLM's client exited with {proc.returncode}; see {work / f'{tag}.log'}")
-    info = json.loads((work / f"{tag}.info.json").read_text())
-    if "cpu_s" in info:
-        result = json.loads((work / f"{tag}.json").read_text())
-        info["records"] = vllm_records(result, info)
-        info["figures"] = {**client_figures(info["records"], info["cpu_s"]),
-                           "vllm_reported": {key: result[key] for key in SAME_METRIC}}
-    return info
+    return start_vllm_client(Path(args.peer_venv).expanduser() / "bin" / "python", url, args.model, model_dir, trace,
+                             num_prompts or args.num_requests, work, tag, start_file)
 
 
 def pair_figures(theirs: list[RequestRecord], ours: list[RequestRecord]) -> dict:
@@ -264,12 +135,6 @@ def run_at_once(args: argparse.Namespace, url: str, model_dir: Path, work: Path,
     return info, records, cpu_s
 
 
-def write_subset(trace: Path, indices: list[int], path: Path) -> Path:
-    lines = trace.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[i] for i in indices))
-    return path
-
-
 def measure_point(args: argparse.Namespace, name: str, engine_pid: int, url: str, model_dir: Path, qps: float, work: Path,
                   pool: ProcessPoolExecutor) -> list[dict]:
     """The runs of both clients at one rate, by ``--together`` (module docstring)."""
@@ -296,7 +161,7 @@ def measure_point(args: argparse.Namespace, name: str, engine_pid: int, url: str
                     info = finish_vllm_client(vllm_client(args, url, model_dir, trace, work, tag), work, tag)
                     requests = requests or info["requests"]
                     check(info, requests)
-                    figures = info["figures"]
+                    figures = vllm_figures(info)
                 else:
                     figures = client_figures(*pool.submit(run_stallfree_client, url, args.model,
                                                           replay_specs(requests)).result())

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from benchmarks.vs_vllm_client import ABORTED, pair_figures, wait_for_start, write_subset, write_trace
+from benchmarks.lib.vllm_client import ABORTED, wait_for_start, write_subset, write_trace
+from benchmarks.vs_vllm_client import pair_figures
 from loadgen.records import RequestRecord
 
 

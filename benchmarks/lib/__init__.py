@@ -1,0 +1,1 @@
+"""Helpers of the benchmark scripts (no command lines of their own)."""
