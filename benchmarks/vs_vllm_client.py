@@ -28,7 +28,6 @@ the venv it installed, whose Python runs vLLM's client.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -54,7 +53,7 @@ from engine.model.presets import resolve_model_path
 from loadgen.cpu_share import CpuMonitor
 from loadgen.metrics import summarize
 from loadgen.openloop import run_open_loop_sync
-from loadgen.records import RequestRecord
+from loadgen.records import RequestRecord, as_row
 from loadgen.results import requests_frame
 from loadgen.workload import RequestSpec
 
@@ -131,7 +130,7 @@ def run_at_once(args: argparse.Namespace, url: str, model_dir: Path, work: Path,
             start_file.write_text(ABORTED)
     records, cpu_s = ours.result()
     # beside vLLM's per-request file, for a look request by request
-    (work / f"{tag}.stallfree.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
+    (work / f"{tag}.stallfree.json").write_text(json.dumps([as_row(r) for r in records]))
     return info, records, cpu_s
 
 

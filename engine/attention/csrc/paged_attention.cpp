@@ -71,42 +71,39 @@ void softmax_step(const float* s, int64_t lds, int64_t rows, int64_t group, int6
                   int64_t len, P* p, float* o, int64_t head_dim, float* row_max, float* row_sum) {
   vf lane;
   for (int i = 0; i < W; ++i) lane[i] = static_cast<float>(i);
+  const int64_t padded = (len + W - 1) / W * W;
   for (int64_t token = 0, r = 0; r < rows; ++token) {  // rows: tokens x the query heads of the group
-   const int64_t visible = std::clamp<int64_t>(first_pos + token + 1 - start, 0, len);  // keys it sees
-   for (const int64_t token_end = r + group; r < token_end; ++r) {
-    const float* sr = s + r * lds;
-    P* pr = p + r * lds;
-    if (visible == 0) {
-      std::fill(pr, pr + (len + W - 1) / W * W, P{});
-      continue;
-    }
+    const int64_t visible = std::clamp<int64_t>(first_pos + token + 1 - start, 0, len);  // keys it sees
     const float limit = static_cast<float>(visible);
     const bool masked = visible < len || len % W != 0;  // loop-invariant: the compiler unswitches it
-    vf vmax = splat(-1e30f);
-    for (int64_t j = 0; j < visible; j += W) {
-      vf x = load<W>(sr + j);
-      if (masked) x = lane + static_cast<float>(j) < limit ? x : -1e30f;
-      vmax = x > vmax ? x : vmax;
-    }
-    const float new_max = std::max(row_max[r], reduce_max(vmax));
-    vf vsum = splat(0.0f);
     const int64_t end = (visible + W - 1) / W * W;  // past it, whole vectors of zeros
-    for (int64_t j = 0; j < end; j += W) {
-      // Degree 4 where p is rounded to bf16: its error is far below bf16's and the same in P.V and the sum.
-      vf x = exp2_nonpositive<std::is_same_v<P, float> ? 6 : 4>(load<W>(sr + j) - new_max);
-      if (masked) x = lane + static_cast<float>(j) < limit ? x : 0.0f;
-      store_probs(pr + j, x);
-      vsum += x;
+    for (const int64_t token_end = r + group; r < token_end; ++r) {
+      const float* sr = s + r * lds;
+      P* pr = p + r * lds;
+      vf vmax = splat(-1e30f);
+      for (int64_t j = 0; j < visible; j += W) {
+        vf x = load<W>(sr + j);
+        if (masked) x = lane + static_cast<float>(j) < limit ? x : -1e30f;
+        vmax = x > vmax ? x : vmax;
+      }
+      const float new_max = std::max(row_max[r], reduce_max(vmax));
+      vf vsum = splat(0.0f);
+      for (int64_t j = 0; j < end; j += W) {
+        // Degree 4 where p is rounded to bf16: its error is far below bf16's and the same in P.V and the sum.
+        vf x = exp2_nonpositive<std::is_same_v<P, float> ? 6 : 4>(load<W>(sr + j) - new_max);
+        if (masked) x = lane + static_cast<float>(j) < limit ? x : 0.0f;
+        store_probs(pr + j, x);
+        vsum += x;
+      }
+      std::fill(pr + end, pr + padded, P{});
+      if (new_max > row_max[r]) {
+        const float alpha = exp2_nonpositive(splat(row_max[r] - new_max))[0];
+        for (int64_t d = 0; d < head_dim; ++d) o[r * head_dim + d] *= alpha;
+        row_sum[r] *= alpha;
+        row_max[r] = new_max;
+      }
+      row_sum[r] += reduce_sum(vsum);
     }
-    std::fill(pr + end, pr + (len + W - 1) / W * W, P{});
-    if (new_max > row_max[r]) {
-      const float alpha = exp2_nonpositive(splat(row_max[r] - new_max))[0];
-      for (int64_t d = 0; d < head_dim; ++d) o[r * head_dim + d] *= alpha;
-      row_sum[r] *= alpha;
-      row_max[r] = new_max;
-    }
-    row_sum[r] += reduce_sum(vsum);
-   }
   }
 }
 
