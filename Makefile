@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch (on this machine's disk; plain `torch` would pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench notebooks clean
+.PHONY: setup demo test test-fast lint docs bench notebooks clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+# Regenerate the contract field tables of docs/*.md from the dataclasses (tests/docs checks them).
+docs: setup
+	$(BIN)/python -m tests.docs.fields --write
 
 bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py

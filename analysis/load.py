@@ -1,4 +1,4 @@
-"""Load stallfree results (layout in docs/contracts.md) into tidy DataFrames.
+"""Load stallfree results (layout in docs/results.md) into tidy DataFrames.
 
 A *source* is a results root (`results/`), one experiment dir (`results/<exp>/`), one run dir, a vLLM
 `bench serve --save-result` JSON file (`analysis.vllm_format`), a list of those, or a runs DataFrame from

@@ -12,7 +12,7 @@ class ModelConfig:
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings (capped at 4096)
     seed: int = 0  # sampling seed for requests without their own
     attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn | triton
-    runner: str = "model"  # model (real forward pass) | simulated (engine/simulator.py: a fitted cost model)
+    runner: str = "model"  # model (real forward pass) | simulated (engine/runner/simulated.py: a cost model)
     cost_model: str | None = None  # simulated: a CostModel JSON; None: profile this model's real runner once
     clock: str = "real"  # simulated: real (iterations sleep) | virtual (offline, time is a counter)
     cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
@@ -22,7 +22,7 @@ class ModelConfig:
 
 @dataclass
 class CacheConfig:
-    block_size: int = 16
+    block_size: int = 16  # tokens per KV block
     kv_memory_gib: float = 1.0  # KV cache budget on CPU (and on CUDA unless gpu_memory_utilization is set)
     gpu_memory_utilization: float | None = None  # CUDA: fraction of free memory for the KV cache
     num_blocks: int | None = None  # overrides the memory budget (tests)
@@ -31,9 +31,9 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    policy: str = "sarathi"
+    policy: str = "sarathi"  # vllm | orca | faster_transformer | sarathi | chunked_prefill
     chunk_size: int = 512  # token budget per iteration (sarathi, chunked_prefill)
-    max_num_seqs: int = 128
+    max_num_seqs: int = 128  # requests in a batch at most
     max_num_batched_tokens: int = 4096  # token budget of the vllm policy
 
 

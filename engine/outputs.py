@@ -10,26 +10,26 @@ from engine.request import RequestMetrics
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int]
-    text: str
+    token_ids: list[int]  # every output token so far
+    new_token_ids: list[int]  # the tokens emitted by this step
+    text: str  # the decoded output, filled when the request finishes (streamers decode new_token_ids)
     finished: bool
     finish_reason: str | None  # stop | length | abort
-    metrics: RequestMetrics
+    metrics: RequestMetrics  # the request's timings so far
 
 
 @dataclass
 class BatchRecord:
-    iteration: int
-    start_time: float
-    end_time: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_prefill_seqs: int
-    num_decode_seqs: int
+    iteration: int  # 0, 1, ... in the order the engine ran them
+    start_time: float  # on the engine's clock, when the step began scheduling
+    end_time: float  # when the runner returned (forward pass and sampling done)
+    num_prefill_tokens: int  # prompt tokens computed (all prefill chunks)
+    num_decode_tokens: int  # decode tokens computed (one per decoding request)
+    num_prefill_seqs: int  # requests with a prefill chunk in the iteration
+    num_decode_seqs: int  # requests decoding in the iteration
     prefill_attention_work: int  # sum over prefill chunks of chunk tokens x (cached context + chunk tokens)
     decode_context_tokens: int  # sum over decodes of their context length
-    num_preemptions: int
-    num_kv_blocks_used: int
-    num_waiting: int
-    num_running: int
+    num_preemptions: int  # requests preempted (by recompute) while building the iteration
+    num_kv_blocks_used: int  # KV blocks held after the step (finished requests freed theirs)
+    num_waiting: int  # requests waiting after the step
+    num_running: int  # requests running after the step

@@ -44,12 +44,12 @@ class RequestStatus(enum.Enum):
 
 @dataclass
 class RequestMetrics:
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
-    finish_time: float | None = None
-    num_preemptions: int = 0
+    arrival_time: float  # when the engine received the request
+    first_scheduled_time: float | None = None  # the start of its first iteration
+    first_token_time: float | None = None  # when its first output token was sampled
+    token_times: list[float] = field(default_factory=list)  # when each output token was sampled
+    finish_time: float | None = None  # when it finished or was aborted
+    num_preemptions: int = 0  # times it was preempted (and recomputed)
 
 
 class Request:

@@ -23,22 +23,22 @@ def as_row(record) -> dict:
 @dataclass
 class RequestRecord:
     request_id: str
-    status: str
-    error: str | None
-    is_warmup: bool
+    status: str  # ok | error | timeout | aborted
+    error: str | None  # what went wrong (None when ok)
+    is_warmup: bool  # sent before the measured window (left out of the metrics)
     prompt_tokens: int
     max_tokens: int
-    output_tokens: int
+    output_tokens: int  # the server's count of a completed stream, else the tokens received
     intended_send_time: float  # the open-loop schedule's send time: latencies count from here
-    send_time: float | None
-    first_token_time: float | None
+    send_time: float | None  # when the request was sent (None: never sent)
+    first_token_time: float | None  # receive time of the first output token
     finish_time: float | None  # when the response ended (its last byte, or the failure)
     token_times: list[float] = field(default_factory=list)  # receive time of each output token
-    server_arrival_time: float | None = None
+    server_arrival_time: float | None = None  # the server's own timings, when it reports them
     server_first_scheduled_time: float | None = None
     server_finish_time: float | None = None
     server_token_times: list[float] | None = None
-    num_preemptions: int | None = None
+    num_preemptions: int | None = None  # times the server preempted the request
 
     @classmethod
     def unsent(cls, spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> RequestRecord:

@@ -47,7 +47,7 @@ def _end(record: RequestRecord, status: str, error: str | None, finish_time: flo
 def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: float | None = None,
            progress: Progress | None = None) -> Replay:
     """Run ``specs`` through ``engine`` (greedy, ``ignore_eos``): records in spec order, and the
-    engine's iterations of this replay (``engine.batch_records``, as dicts).
+    engine's iterations of this replay (``LLMEngine.batch_records``, as dicts).
 
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
     * ``timeout_s``: a request still unfinished this long after its arrival is aborted with status

@@ -2,7 +2,7 @@
 
 `write_synthetic_results` writes `ROOT/<experiment>/<run_id>/{config.yaml, requests.parquet,
 batches.parquet, summary.json}` plus `ROOT/<experiment>/summary.parquet`, in the exact layout and
-column/key names of docs/contracts.md. The numbers come from a toy discrete-event simulation of two
+column/key names of docs/results.md. The numbers come from a toy discrete-event simulation of two
 batch rules on a virtual clock with a linear iteration-cost model:
 
 * `vllm`: whole prompts, prefill-only iterations whenever a prefill is admitted (decodes stall);

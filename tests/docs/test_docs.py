@@ -1,0 +1,57 @@
+"""The docs say what the code does: every file and symbol they (and the source comments) name exists,
+and the contract field tables equal their dataclasses (tests/docs/fields.py regenerates them)."""
+from __future__ import annotations
+
+from tests.docs.fields import ROOT, field_rows, stale_tables
+from tests.docs.references import broken_references, comments, symbol_exists
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SOURCE_TOPS = ("engine", "loadgen", "analysis", "benchmarks", "tests")
+
+
+def test_docs_and_configs_name_only_existing_files_and_symbols():
+    broken = []
+    for path in [*DOCS, *sorted((ROOT / "conf").rglob("*.yaml"))]:
+        broken += broken_references(path, path.read_text())
+    assert not broken, "references to files or symbols that do not exist:\n" + "\n".join(broken)
+
+
+def test_source_comments_name_only_existing_files_and_symbols():
+    broken = []
+    for top in SOURCE_TOPS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            broken += broken_references(path, comments(path), outputs_exist=False)
+    assert not broken, "comments naming files or symbols that do not exist:\n" + "\n".join(broken)
+
+
+def test_contract_field_tables_match_the_dataclasses():
+    stale = stale_tables(sorted((ROOT / "docs").glob("*.md")))
+    assert not stale, "stale field tables (python -m tests.docs.fields --write):\n" + "\n".join(stale)
+
+
+def test_the_checks_catch_drift(tmp_path):
+    """The checkers themselves: a missing file, a missing symbol and a renamed field are all caught."""
+    doc = ROOT / "docs" / "architecture.md"
+    assert broken_references(doc, "see engine/nonexistent.py and `engine.server.no_such_name`") == [
+        "docs/architecture.md: engine/nonexistent.py", "docs/architecture.md: engine.server.no_such_name"]
+    assert broken_references(doc, "engine/scheduler/{vllm,nope}.py and loadgen/capacity.py:search") == [
+        "docs/architecture.md: engine/scheduler/nope.py"]
+    assert symbol_exists("engine.server.start_server") and symbol_exists("engine.outputs.BatchRecord.iteration")
+    names = [name for name, _, _ in field_rows("engine.outputs.BatchRecord")]
+    assert names[:3] == ["iteration", "start_time", "end_time"]
+    stale_doc = tmp_path / "x.md"
+    stale_doc.write_text("<!-- fields: engine.outputs.BatchRecord -->\n| old |\n<!-- /fields -->\n")
+    assert stale_tables([stale_doc]) == [f"{stale_doc}: engine.outputs.BatchRecord"]
+
+
+def test_model_presets_list_every_attention_backend():
+    """The `attention_backend:` comment of each model preset names every backend the engine has."""
+    from engine.attention import ATTENTION_BACKENDS
+
+    stale = []
+    for path in sorted((ROOT / "conf" / "model").glob("*.yaml")):
+        line = next((line for line in path.read_text().splitlines() if line.startswith("attention_backend:")), "")
+        listed = set(line.partition("#")[2].replace("|", " ").replace("(", " ").split())
+        if "#" in line and not set(ATTENTION_BACKENDS) <= listed:
+            stale.append(f"{path.relative_to(ROOT)}: lists {sorted(listed & set(ATTENTION_BACKENDS))}")
+    assert not stale, "model presets whose backend comment is out of date:\n" + "\n".join(stale)
