@@ -3,13 +3,13 @@
 builds its own (one ClientSession, a TCPConnector without a connection limit, the SSE stream read as it
 arrives), against the fake SSE server of the tests.
 
-The workload and the pass criteria are those of tests/loadgen/test_openloop.py::test_fidelity_at_200_qps
-(2000 Poisson requests at 200 QPS, 8 output tokens, fake server TTFT 20 ms / TBT 5 ms), run with the
+The workload is that of tests/loadgen/test_openloop.py:test_open_loop_at_200_qps (2000 Poisson requests at 200 QPS, 8 output tokens, fake server TTFT 20 ms / TBT 5 ms), run with the
 dispatcher under SCHED_FIFO (as the test; where allowed) and again under the default scheduling policy
 (as stallfree-bench runs it). Every trial is a fresh process; the clients alternate, trial by trial. Per
 trial: schedule lag (actual - intended send) p50 / p99 / max, median TTFT / TBT, the token timestamp
 error (client receive time - the fake's send time of each token) p50 / p99, the client process's CPU time
-per request, and whether the test's assertions hold.
+per request, and whether the fidelity bar holds (schedule lag p99 < 5 ms, achieved rate within 2%, median
+TTFT and TBT within 2 ms of the fake's; the test asserts only the behaviour, with wide bounds).
 
     python -m benchmarks.client_fidelity [--repeats 5] [--out benchmarks/results/client_fidelity.json]
 """
@@ -85,7 +85,7 @@ PRIORITIES = {True: "sched_fifo", False: "normal"}
 
 
 def passes_fidelity_test(s: dict) -> bool:
-    """The assertions of test_fidelity_at_200_qps on a run summary."""
+    """The fidelity bar on a run summary (the test's own bounds are wide: timing is measured here)."""
     return (s["completed"] == NUM_REQUESTS and abs(s["achieved_rate"] / s["offered_rate"] - 1) < 0.02
             and s["schedule_lag_p99_ms"] < 5 and abs(s["median_ttft_ms"] - TTFT_MS) < 2
             and abs(s["median_tbt_ms"] - TBT_MS) < 2)
