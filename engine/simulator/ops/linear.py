@@ -15,8 +15,6 @@ steps along m.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 from engine.simulator.ops import profile_data
 from engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
 from engine.simulator.shapes import ModelShape
@@ -53,15 +51,11 @@ def gemm_curves(gpu: str, exclude_models: frozenset[str] = frozenset()) -> list[
         model = profile_data.model_name(file)
         if model in exclude_models:
             continue
-        points: dict[tuple[int, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-        first: dict[int, dict[str, str]] = {}
-        for row in profile_data.rows(file):
-            tp = int(row["num_tensor_parallel_workers"])
-            first.setdefault(tp, row)
+        config, points = profile_data.compute_points(file)
+        for tp, row in sorted(config.items()):
             for op, column in PROFILE_COLUMNS.items():
-                points[tp, op][int(row["num_tokens"])].append(profile_data.ms(row[f"time_stats.{column}.median"]))
-        for (tp, op), by_tokens in sorted(points.items()):
-            curves.append(TokenCurve.of(profile_gemms(first[tp], tp)[op], by_tokens, source=f"{model} tp{tp} {op}"))
+                curves.append(TokenCurve.of(profile_gemms(row, tp)[op], points[tp, column],
+                                            source=f"{model} tp{tp} {op}"))
     if not curves:
         raise ValueError(f"no GEMM profiles for gpu {gpu!r}")
     return curves

@@ -41,3 +41,19 @@ def model_name(file: str) -> str:
 
 def ms(value: str) -> float:
     return float(value) * 1e-3
+
+
+@functools.cache
+def compute_points(file: str) -> tuple[dict[int, dict[str, str]], dict[tuple[int, str], dict[int, list[float]]]]:
+    """One model's operator profile: (TP -> a row, for the model's config columns; (TP, operator column) ->
+    token count -> the seconds measured there). Operator columns are Vidur's names (attn_pre_proj, ...)."""
+    config: dict[int, dict[str, str]] = {}
+    points: dict[tuple[int, str], dict[int, list[float]]] = {}
+    for row in rows(file):
+        tp = int(row["num_tensor_parallel_workers"])
+        config.setdefault(tp, row)
+        for key, value in row.items():
+            if key.startswith("time_stats."):
+                column = key.removeprefix("time_stats.").removesuffix(".median")
+                points.setdefault((tp, column), {}).setdefault(int(row["num_tokens"]), []).append(ms(value))
+    return config, points
