@@ -6,7 +6,9 @@ GPU, predict the held-out model's per-layer linear operators (QKV, output, MLP u
 measured - 1| per (operator, TP, token count); the "layer" rows compare the sum of the four per (TP,
 token count). The stricter "leave-shape-out" variant also drops every other model's curve of the exact
 same (k, n) (Llama-2-70B and Llama-3-70B share all their GEMM shapes; CodeLlama-34B shares their
-attention projections), so every prediction is of a shape the model never saw.
+attention projections), so every prediction is of a shape the model never saw. The "roofline" baseline
+is what a smooth model gets on the same held-out points: seconds = a + b k n + c m k n (launch, weight
+streaming, FLOPs), fitted on the other models by relative least squares; it has no tile steps.
 
     python -m benchmarks.operator_model_loo     # prints a table, writes benchmarks/results/operator_model_loo.json
 """
@@ -18,8 +20,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from engine.simulator.ops import profile_data
-from engine.simulator.ops.curves import ShapeInterpolator
+from engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
 from engine.simulator.ops.linear import gemm_curves
 
 GPUS = ("a100", "h100")
@@ -39,18 +43,43 @@ def summary(errors: list[float]) -> dict:
             "mean_signed_pct": round(statistics.fmean(errors) * 100, 2)}
 
 
-def held_out_errors(gpu: str, model: str, leave_shape_out: bool) -> tuple[list[float], list[float]]:
+class Roofline:
+    """The smooth baseline: seconds = a + b k n + c m k n, fitted by relative least squares."""
+
+    def __init__(self, curves: tuple[TokenCurve, ...]):
+        x, t = [], []
+        for c in curves:
+            for m, s in zip(c.token_counts, c.seconds, strict=True):
+                x.append(self.features(m, c.shape))
+                t.append(s)
+        xs, ts = np.asarray(x), np.asarray(t)
+        self.coef = np.linalg.lstsq(xs / ts[:, None], np.ones(len(ts)), rcond=None)[0]
+
+    @staticmethod
+    def features(m: int, shape: tuple[int, int]) -> list[float]:
+        return [1.0, shape[0] * shape[1], m * shape[0] * shape[1]]
+
+    def table_at(self, shape: tuple[int, int], token_counts) -> list[float]:
+        return [float(np.dot(self.coef, self.features(m, shape))) for m in token_counts]
+
+
+def held_out_errors(gpu: str, model: str, variant: str) -> tuple[list[float], list[float]]:
     """Per-operator and per-layer relative errors of the held-out model on this GPU."""
     all_curves = gemm_curves(gpu)
     train = tuple(c for c in all_curves if not c.source.startswith(f"{model} "))
+    roofline = Roofline(train) if variant == "roofline" else None
     ops, layer = [], defaultdict(lambda: [0.0, 0.0])
     for curve in all_curves:
         name, tp, _ = curve.source.split(" ")
         if name != model or int(tp.removeprefix("tp")) not in TPS:
             continue
-        interp = ShapeInterpolator(tuple(c for c in train if c.shape != curve.shape) if leave_shape_out else train)
+        if roofline is not None:
+            predictor = roofline
+        else:
+            predictor = ShapeInterpolator(tuple(c for c in train if c.shape != curve.shape)
+                                          if variant == "leave-shape-out" else train)
         for m, measured, predicted in zip(curve.token_counts, curve.seconds,
-                                          interp.table_at(curve.shape, curve.token_counts), strict=True):
+                                          predictor.table_at(curve.shape, curve.token_counts), strict=True):
             ops.append(predicted / measured - 1)
             layer[tp, m][0] += predicted
             layer[tp, m][1] += measured
@@ -64,13 +93,13 @@ def main() -> None:
     result: dict = {"target": TARGET, "tps": TPS, "variants": {}}
     print(f"{'variant':<17} {'gpu':<5} {'held-out model':<27} {'op med%':>8} {'op p90%':>8} {'layer med%':>10} "
           f"{'layer p90%':>10}")
-    for variant in ("leave-model-out", "leave-shape-out"):
+    for variant in ("leave-model-out", "leave-shape-out", "roofline"):
         by_gpu, everything = {}, ([], [])
         for gpu in GPUS:
             models, gpu_ops, gpu_layers = {}, [], []
             for file in profile_data.compute_files(gpu):
                 model = profile_data.model_name(file)
-                ops, layers = held_out_errors(gpu, model, variant == "leave-shape-out")
+                ops, layers = held_out_errors(gpu, model, variant)
                 models[model] = {"operators": summary(ops), "layer": summary(layers)}
                 gpu_ops += ops
                 gpu_layers += layers
