@@ -3,8 +3,8 @@
 
     python -m benchmarks.operator_cost_models   # -> benchmarks/cost_models/<gpu>-<shape>-tp<N>.json
 
-It also times ``stage_seconds`` (calls/s on a mix of hybrid, decode-only and prefill-only batches) and
-writes that to benchmarks/results/stage_seconds_speed.json.
+It also times ``stage_seconds`` (calls/s on a mix of hybrid, decode-only and prefill-only batches, each
+through one stage or two) and writes that to benchmarks/results/stage_seconds_speed.json.
 """
 from __future__ import annotations
 
@@ -39,11 +39,14 @@ def sample_batches(count: int, seed: int = 0) -> list[StageBatch]:
     return batches
 
 
-def calls_per_second(model: OperatorCostModel, batches: list[StageBatch], num_layers: int) -> float:
+def calls_per_second(model: OperatorCostModel, batches: list[StageBatch], num_layers: int, stages: int) -> float:
+    """stage_seconds calls/s when each micro-batch goes through ``stages`` pipeline stages."""
+    per_stage = num_layers // stages
     start = time.perf_counter()
     for batch in batches:
-        model.stage_seconds(batch, num_layers, first=True, last=True)
-    return len(batches) / (time.perf_counter() - start)
+        for stage in range(stages):
+            model.stage_seconds(batch, per_stage, first=stage == 0, last=stage == stages - 1)
+    return len(batches) * stages / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -61,9 +64,12 @@ def main() -> None:
         path = args.out_dir / f"{gpu}-{shape}-tp{tp}.json"
         path.write_text(json.dumps(model.describe(), indent=1) + "\n")
         # fresh batch objects for the timed calls: their cached token sums are computed inside the timing
-        rate = calls_per_second(model, sample_batches(args.calls), SHAPES[shape].num_layers)
-        speed["deployments"][path.stem] = {"build_s": round(build_s, 3), "stage_seconds_calls_per_s": round(rate)}
-        print(f"{path}: built in {build_s:.2f} s; stage_seconds {rate:,.0f} calls/s")
+        layers = SHAPES[shape].num_layers
+        one = calls_per_second(model, sample_batches(args.calls), layers, stages=1)
+        two = calls_per_second(model, sample_batches(args.calls), layers, stages=2)
+        speed["deployments"][path.stem] = {"build_s": round(build_s, 3), "calls_per_s_pp1": round(one),
+                                           "calls_per_s_pp2": round(two)}
+        print(f"{path}: built in {build_s:.2f} s; stage_seconds {one:,.0f} calls/s (PP1), {two:,.0f} (PP2)")
     args.speed_out.parent.mkdir(parents=True, exist_ok=True)
     args.speed_out.write_text(json.dumps(speed, indent=1) + "\n")
 

@@ -54,7 +54,7 @@ CPU_COLUMNS = ["model_name", "batch_size", "tensor_parallel_degree", "schedule_m
 
 
 def read(repo: Path, commit: str, path: str) -> pd.DataFrame:
-    text = subprocess.run(["git", f"--git-dir={repo}", "show", f"{commit}:{path}"], check=True,
+    text = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], check=True,
                           capture_output=True, text=True).stdout
     return pd.read_csv(io.StringIO(text)).drop_duplicates()
 
@@ -71,7 +71,7 @@ def write(frame: pd.DataFrame, name: str, commit: str, path: str, sources: list[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repo", type=Path, required=True, help="the git directory of a microsoft/vidur clone")
+    ap.add_argument("--repo", type=Path, required=True, help="a clone of microsoft/vidur (bare or not) with its history")
     args = ap.parse_args()
     sources: list[dict] = []
     for gpu, models in COMPUTE_MODELS.items():

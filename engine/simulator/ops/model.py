@@ -92,6 +92,8 @@ class OperatorCostModel:
         reduces = 1 if shape.parallel_attn_mlp else 2
         self.tables["tp_all_reduce"] = [reduces * self.comm.all_reduce_seconds(m) for m in range(TABLE_TOKENS + 1)]
         self._layer = [sum(v) for v in zip(*(self.tables[op] for op in TOKEN_OPS), strict=True)]
+        self._last_batch: StageBatch | None = None
+        self._last_layer = 0.0
 
     @classmethod
     def build(cls, gpu: str, shape: ModelShape, tp: int, interconnect: str) -> OperatorCostModel:
@@ -116,10 +118,12 @@ class OperatorCostModel:
         """A pipeline stage of ``num_layers`` layers (+ embedding if first, + final norm and LM head if last),
         excluding the PP send of its output."""
         m = batch.num_tokens
-        attention = self.attention
-        layer = (self._at(self._layer, m) + attention.prefill_seconds(batch.prefill_chunks)
-                 + attention.decode_seconds(len(batch.decode_contexts), batch.decode_context_tokens))
-        total = num_layers * layer
+        if batch is not self._last_batch:  # every stage of a micro-batch asks for the same layer time
+            attention = self.attention
+            self._last_layer = (self._at(self._layer, m) + attention.prefill_seconds(batch.prefill_chunks)
+                                + attention.decode_seconds(len(batch.decode_contexts), batch.decode_context_tokens))
+            self._last_batch = batch
+        total = num_layers * self._last_layer
         if first:
             total += self._at(self.tables["embedding"], m)
         if last:

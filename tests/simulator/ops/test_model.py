@@ -88,3 +88,11 @@ def test_per_iteration_cpu_overhead_and_pp_send(by_tp):
 def test_a_bad_deployment_names_the_key(gpu, tp, interconnect, key):
     with pytest.raises(ValueError, match=f"^{key}:"):
         OperatorCostModel.build(gpu, SHAPES["llama2-70b"], tp, interconnect)
+
+
+def test_the_profiles_tile_steps_survive_for_an_unprofiled_model():
+    """Yi-34B is not profiled: its GEMMs jump where its profiled neighbours' do (at 128 -> 129 rows)."""
+    tables = OperatorCostModel.build("a100", SHAPES["yi-34b"], 2, "nvlink").tables
+    for op in ("qkv_proj", "mlp_up_gate"):
+        assert tables[op][129] > 1.25 * tables[op][128]
+        assert tables[op][129] == tables[op][136]
