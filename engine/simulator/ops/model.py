@@ -25,6 +25,9 @@ TABLE_TOKENS = 4096  # the profiles' common range; beyond it, token counts are s
 PROFILED_GPU = {"a100": "a100", "a40": "a40", "h100": "h100", "h200": "h100"}
 TOKEN_OPS = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_act", "mlp_down", "norms", "rotary", "residual",
              "tp_all_reduce")
+# memory-bound operator -> (its table, how many a layer runs; the embedding runs once, on the first stage)
+PER_LAYER = {"norm": ("norms", 2), "rotary": ("rotary", 1), "mlp_act": ("mlp_act", 1), "residual": ("residual", 2),
+             "embedding": ("embedding", 1)}
 SHOWN_TOKENS = (1, 8, 64, 128, 136, 256, 512, 1024, 2048, 4096)
 
 ASSUMPTIONS = (
@@ -82,11 +85,9 @@ class OperatorCostModel:
                                  for op, kn in shape_gemms(shape, tp).items()}
         self.tables = {op: gemms.table(kn, TABLE_TOKENS) for op, kn in shape_gemms(shape, tp).items()}
         widths = shape_widths(shape, tp)
-        counts = {"norm": 2, "rotary": 1, "mlp_act": 1, "residual": 2, "embedding": 1}
-        names = {"norm": "norms", "rotary": "rotary", "mlp_act": "mlp_act", "residual": "residual",
-                 "embedding": "embedding"}
         for op, model in elementwise.items():
-            self.tables[names[op]] = [counts[op] * s for s in model.table((widths[op],), TABLE_TOKENS)]
+            name, count = PER_LAYER[op]
+            self.tables[name] = [count * s for s in model.table((widths[op],), TABLE_TOKENS)]
         self.tables["final_norm"] = [s / 2 for s in self.tables["norms"]]
         self.tables["lm_head"] = gemms.table((shape.hidden_size, shape.vocab_size // tp), TABLE_TOKENS)
         reduces = 1 if shape.parallel_attn_mlp else 2
