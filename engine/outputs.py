@@ -1,7 +1,7 @@
 """What the engine reports: per-request outputs and one BatchRecord per iteration."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.request import RequestMetrics
 
@@ -33,3 +33,7 @@ class BatchRecord:
     num_kv_blocks_used: int
     num_waiting: int
     num_running: int
+    # A simulated deployment's pipeline stages (engine/simulator/pipeline.py): each stage's busy time on this
+    # iteration's micro-batch and its idle time (bubble) right before it. Empty for other runners.
+    stage_busy_s: list[float] = field(default_factory=list)
+    stage_idle_s: list[float] = field(default_factory=list)

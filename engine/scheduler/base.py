@@ -56,6 +56,11 @@ class Scheduler(ABC):
     """FCFS queue + running list; subclasses decide what one iteration contains.
 
     ``running`` is in admission order; preemption (by recompute) takes the newest running request.
+
+    A scheduled request is *in flight* until its step's result is applied (``update_from_output``). With
+    one step at a time (every runner but a pipelined simulation) nothing is in flight when a step is
+    scheduled. With pipeline parallelism several micro-batches are in flight at once; their requests are
+    neither scheduled again nor preempted until their micro-batch leaves the last stage.
     """
 
     name: ClassVar[str]
@@ -73,6 +78,7 @@ class Scheduler(ABC):
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
         self.finished_request_ids: list[str] = []  # since the last step
+        self.in_flight: set[str] = set()  # ids of requests scheduled in a step whose result is not applied yet
 
     @abstractmethod
     def build_batch(self, now: float) -> Batch:
@@ -85,6 +91,7 @@ class Scheduler(ABC):
         for unit in batch.units:
             if unit.request.metrics.first_scheduled_time is None:
                 unit.request.metrics.first_scheduled_time = now
+            self.in_flight.add(unit.request.request_id)
         finished, self.finished_request_ids = self.finished_request_ids, []
         return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished)
 
@@ -101,7 +108,10 @@ class Scheduler(ABC):
         ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
         updated = []
         for unit in output.units:
-            request = self.requests[unit.request_id]
+            self.in_flight.discard(unit.request_id)
+            request = self.requests.get(unit.request_id)
+            if request is None:  # aborted while its step was in flight
+                continue
             request.num_computed_tokens += unit.num_new_tokens
             token = sampled.get(unit.request_id)
             if token is None:
@@ -134,6 +144,7 @@ class Scheduler(ABC):
             self.waiting.remove(request)
         self.kv.free(request)
         del self.requests[request.request_id]
+        self.in_flight.discard(request.request_id)
         self.finished_request_ids.append(request.request_id)
 
     def next_arrival_time(self) -> float | None:
@@ -153,6 +164,12 @@ class Scheduler(ABC):
         return request.max_num_tokens if self.reserve_worst_case else request.num_tokens
 
     # -- building blocks shared by the policies --------------------------------------------------
+
+    def schedulable(self) -> list[Request]:
+        """The running requests not in flight: those a step may schedule or preempt."""
+        if not self.in_flight:
+            return self.running
+        return [r for r in self.running if r.request_id not in self.in_flight]
 
     def next_arrived(self, now: float) -> Request | None:
         if self.waiting and self.waiting[0].arrived(now):
@@ -182,11 +199,11 @@ class Scheduler(ABC):
 
     def schedule_decodes(self, batch: Batch) -> None:
         """One token for every running decode, oldest first, preempting the newest when blocks run out."""
-        for request in [r for r in self.running if r.is_decode]:
+        for request in [r for r in self.schedulable() if r.is_decode]:
             if request not in self.running:  # preempted below as a victim of an older request
                 continue
             while not self.kv.can_allocate(request, request.num_tokens, use_watermark=False):
-                victim = self.running[-1]
+                victim = self.schedulable()[-1]  # not empty: ``request`` itself is schedulable
                 self.preempt(victim, batch)
                 if victim is request:
                     break
@@ -196,7 +213,7 @@ class Scheduler(ABC):
 
     def schedule_prefill_chunks(self, batch: Batch, budget: int, now: float) -> None:
         """Ongoing partial prefills, then new requests FCFS, each getting min(remaining, budget left)."""
-        for request in self.running:
+        for request in self.schedulable():
             if budget <= 0:
                 return
             if not request.is_decode:  # decodes were scheduled already (as 1-token units)
