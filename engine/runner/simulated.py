@@ -30,4 +30,5 @@ class SimulatedRunner:
             time.sleep(seconds)
         else:
             self.clock.advance_to(self.clock() + seconds)
-        return {u.request_id: self.rng.choice(self.token_ids) for u in out.units if u.samples}
+        token_ids, randrange = self.token_ids, self.rng.randrange
+        return {u.request_id: token_ids[randrange(len(token_ids))] for u in out.units if u.samples}

@@ -116,7 +116,7 @@ class Scheduler(ABC):
             token = sampled.get(unit.request_id)
             if token is None:
                 continue
-            request.output_token_ids.append(token)
+            request.append_output(token)
             request.metrics.token_times.append(now)
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
@@ -180,9 +180,8 @@ class Scheduler(ABC):
         """Move the head of the queue to running if a sequence slot and its KV blocks are available."""
         if len(self.running) >= self.config.max_num_seqs:
             return False
-        if not self.kv.can_allocate(request, self.reservation(request)):
+        if not self.kv.try_allocate(request, self.reservation(request)):
             return False
-        self.kv.allocate(request, self.reservation(request))
         self.waiting.popleft()
         self.running.append(request)
         request.status = RequestStatus.RUNNING
@@ -199,17 +198,17 @@ class Scheduler(ABC):
 
     def schedule_decodes(self, batch: Batch) -> None:
         """One token for every running decode, oldest first, preempting the newest when blocks run out."""
+        units, try_allocate = batch.units, self.kv.try_allocate
         for request in [r for r in self.schedulable() if r.is_decode]:
-            if request not in self.running:  # preempted below as a victim of an older request
+            if request.status is not RequestStatus.RUNNING:  # preempted below as a victim of an older request
                 continue
-            while not self.kv.can_allocate(request, request.num_tokens, use_watermark=False):
+            while not try_allocate(request, request.num_tokens, use_watermark=False):
                 victim = self.schedulable()[-1]  # not empty: ``request`` itself is schedulable
                 self.preempt(victim, batch)
                 if victim is request:
                     break
             else:
-                self.kv.allocate(request, request.num_tokens)
-                batch.units.append(PlannedUnit(request, 1, is_prefill=False))
+                units.append(PlannedUnit(request, 1, is_prefill=False))
 
     def schedule_prefill_chunks(self, batch: Batch, budget: int, now: float) -> None:
         """Ongoing partial prefills, then new requests FCFS, each getting min(remaining, budget left)."""
