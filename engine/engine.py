@@ -60,6 +60,7 @@ class LLMEngine:
             self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
                                                   num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                                                   eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+        self.scheduler.snapshot_block_tables = getattr(self.runner, "reads_block_tables", True)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain

@@ -16,6 +16,7 @@ from engine.scheduler.output import SchedulerOutput
 
 
 class SimulatedRunner:
+    reads_block_tables = False  # the scheduler need not copy them into its snapshots
     def __init__(self, cost_model: CostModel, vocab_size: int, eos_token_ids: set[int], clock: VirtualClock | None,
                  seed: int):
         self.cost_model, self.clock = cost_model, clock

@@ -79,6 +79,9 @@ class Scheduler(ABC):
         self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
         self.finished_request_ids: list[str] = []  # since the last step
         self.in_flight: set[str] = set()  # ids of requests scheduled in a step whose result is not applied yet
+        # Snapshot each unit's block table (the model runner reads it; the simulated runners do not, and a
+        # decode's table copy is as long as its context / block_size).
+        self.snapshot_block_tables = True
 
     @abstractmethod
     def build_batch(self, now: float) -> Batch:
@@ -100,7 +103,8 @@ class Scheduler(ABC):
         return ScheduledUnit(request_id=request.request_id, token_ids=request.token_ids(start, start + n),
                              num_computed_tokens=start, is_prefill=unit.is_prefill,
                              samples=start + n == request.num_tokens,
-                             block_table=list(self.kv.block_tables[request.request_id]),
+                             block_table=list(self.kv.block_tables[request.request_id])
+                             if self.snapshot_block_tables else [],
                              sampling_params=request.params)
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int], now: float) -> list[Request]:

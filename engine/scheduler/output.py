@@ -6,7 +6,6 @@ sample), so a runner never sees the scheduler's requests or the KV-cache manager
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from engine.request import SamplingParams
 
@@ -43,10 +42,17 @@ class SchedulerOutput:
     # Requests that finished or were aborted since the last step: runners drop per-request state.
     finished_request_ids: list[str] = field(default_factory=list)
 
-    @cached_property
-    def _counts(self) -> tuple[int, int, int, int, int, int]:
+    _counts_cache: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def _counts(self) -> tuple[int, ...]:
         """(prefill tokens, decode tokens, prefill seqs, decode seqs, prefill attention work, decode context
-        tokens) in one pass: the engine and the simulated runners read all six every step."""
+        tokens), counted in one pass on first use: the engine and the simulated runners read all six every step."""
+        if self._counts_cache is None:
+            self._counts_cache = self._count()
+        return self._counts_cache
+
+    def _count(self) -> tuple[int, ...]:
         prefill_tokens = decode_tokens = prefill_seqs = work = context = 0
         for u in self.units:
             n = len(u.token_ids)

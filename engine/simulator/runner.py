@@ -27,6 +27,7 @@ class MicroBatch:
 
 class DeploymentRunner:
     pipelined = True  # the engine submits micro-batches and collects them as they leave the last stage
+    reads_block_tables = False  # the scheduler need not copy them into its snapshots
 
     def __init__(self, deployment: Deployment, resolved: Resolved, seed: int):
         self.deployment, self.cost_model, self.stage_batch_of = deployment, resolved.cost_model, resolved.stage_batch_of
@@ -53,8 +54,8 @@ class DeploymentRunner:
     def submit(self, output: SchedulerOutput, now: float) -> MicroBatchTiming:
         stage_s, send_s = self.stage_seconds(output)
         timing = self.pipeline.submit(now, stage_s, send_s)
-        randrange = self.rng.randrange
-        sampled = {u.request_id: randrange(self.vocab_size) for u in output.units if u.samples}
+        # One random token for the whole micro-batch: ids never matter to a simulation (a shape has no EOS).
+        sampled = dict.fromkeys((u.request_id for u in output.units if u.samples), self.rng.randrange(self.vocab_size))
         self.in_flight.append(MicroBatch(output, sampled, timing))
         return timing
 
