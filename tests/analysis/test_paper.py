@@ -63,3 +63,13 @@ def test_ablation_and_bubbles(results):
     bubbles = paper.bubbles(results).set_index("policy")
     assert bubbles.loc["sarathi", "median_bubble_fraction"] < bubbles.loc["vllm", "median_bubble_fraction"]
     assert set(bubbles["deployment"]) == {"falcon180b_a100_tp4_pp2"}
+
+
+def test_report_of_the_study_is_its_section_alone(results):
+    from analysis import report
+
+    assert report.main([str(results)]) == 0
+    html = (results / "report.html").read_text()
+    assert report.SECTIONS["paper"] in html and report.SECTIONS["pareto"] not in html
+    assert (results / "capacity_table.csv").is_file()
+    assert {p.name for p in (results / "figures").glob("*.png")} == {"paper_capacity.png", "paper_headline.png"}
