@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch (on this machine's disk; plain `torch` would pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint docs bench notebooks clean
+.PHONY: setup demo paper test test-fast lint docs bench notebooks clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,14 @@ setup: $(BIN)/python
 demo: setup
 	$(BIN)/stallfree-bench +experiment=demo -m
 	$(BIN)/stallfree-report results/demo
+
+# The Sarathi-Serve study on simulated GPU deployments (docs/engine.md, simulated GPU deployments):
+# results/paper/capacity_table.csv and results/paper/report.html.
+paper: setup
+	$(BIN)/stallfree-bench +experiment=paper hydra/launcher=local_parallel
+	$(BIN)/stallfree-bench +experiment=paper_falcon_tp8 hydra/launcher=local_parallel
+	$(BIN)/stallfree-bench +experiment=paper_ablation hydra/launcher=local_parallel
+	$(BIN)/stallfree-report results/paper
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -18,10 +18,14 @@ from traitlets import default
 
 import analysis
 from analysis.load import load_runs
+from analysis.paper import capacity_table
 from analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
-SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls"}
+SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",
+            "paper": "The Sarathi-Serve study on simulated GPU deployments"}
+OPTIONAL_SECTIONS = {"paper"}  # only for results that hold it (analysis.paper), and then alone
+GENERIC_SECTIONS = [name for name in SECTIONS if name not in OPTIONAL_SECTIONS]
 
 
 class ThisPythonKernelManager(AsyncKernelManager):
@@ -61,7 +65,7 @@ def execute_notebook(name: str, results_dir: str | Path, output_dir: str | Path,
 def refresh_notebooks() -> None:
     """Re-executes analysis/notebooks/*.ipynb in place on their default `results_dir`
     (results/example, the small checked-in set), so the notebooks in git carry real outputs."""
-    for name in SECTIONS:
+    for name in GENERIC_SECTIONS:
         _papermill(NOTEBOOK_DIR / f"{name}.ipynb", NOTEBOOK_DIR / f"{name}.ipynb", {})
 
 
@@ -81,6 +85,11 @@ def render_html(notebooks: list[Path], output: str | Path, title: str) -> Path:
     return Path(output)
 
 
+def has_section_data(name: str, results_dir: Path) -> bool:
+    """Whether an optional section has anything to show in RESULTS_DIR."""
+    return name == "paper" and not capacity_table(results_dir).empty
+
+
 def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
                  relaxed_slo_tbt_ms: float | None = None, qps: float | None = None) -> Path:
     """Executes every notebook of `SECTIONS` on RESULTS_DIR and writes RESULTS_DIR/report.html."""
@@ -88,8 +97,11 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
     common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms,
               "figures_dir": str((results_dir / "figures").resolve())}
     extra = {"stalls": {"qps": qps}}
+    # The paper study's results mix deployments and traces, which the generic sections (one model and
+    # workload, policies side by side) cannot tell apart: they get the paper section alone.
+    sections = ["paper"] if has_section_data("paper", results_dir) else GENERIC_SECTIONS
     executed = [execute_notebook(name, results_dir, results_dir / "notebooks", **common,
-                                 **extra.get(name, {})) for name in SECTIONS]
+                                 **extra.get(name, {})) for name in sections]
     return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
 
 

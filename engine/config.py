@@ -18,6 +18,8 @@ class ModelConfig:
     cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
     tokenizer: str | None = None  # a tokenizer directory or preset name; None: the model directory's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
+    # simulated: a GPU deployment (engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
+    deployment: dict | None = None
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """LLMEngine: requests in, one scheduled iteration per ``step()``, outputs and BatchRecords out."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -12,6 +13,7 @@ from engine.model.arch import ArchConfig
 from engine.model.presets import resolve_model_path
 from engine.outputs import BatchRecord, RequestOutput
 from engine.request import Request, RequestStatus, SamplingParams
+from engine.runner.clock import VirtualClock
 from engine.runner.factory import make_runner
 from engine.scheduler import make_scheduler
 from engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -23,25 +25,42 @@ class LLMEngine:
     """Not thread-safe: drive it from one thread (the server runs it on its own engine thread)."""
 
     def __init__(self, config: EngineConfig):
-        self.config = config
         mc, cc = config.model, config.cache
+        self.simulation = None
+        if mc.deployment is not None:  # a simulated GPU deployment: a model shape, no checkpoint
+            from engine.simulator.build import build_simulation
+
+            self.simulation = build_simulation(config)
+            batch_limit = min(config.scheduler.max_num_seqs, self.simulation.deployment.max_batch_size)
+            config = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
+                                                                               max_num_seqs=batch_limit))
+            path, arch = None, self.simulation.arch
+        else:
+            path = resolve_model_path(mc.model)
+            arch = ArchConfig.from_dir(path)
+        self.config = config
         self.model_name = mc.model
-        path = resolve_model_path(mc.model)
-        arch = ArchConfig.from_dir(path)
         self.max_model_len = min(mc.max_model_len or DEFAULT_MAX_MODEL_LEN, arch.max_position_embeddings,
                                  arch.sliding_window or arch.max_position_embeddings)
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        self.tokenizer, self.no_tokenizer_reason = load_tokenizer(path, mc.tokenizer, mc.skip_tokenizer_init)
+        self.tokenizer, self.no_tokenizer_reason = (
+            load_tokenizer(path, mc.tokenizer, mc.skip_tokenizer_init) if path is not None
+            else (None, "a simulated deployment has no tokenizer: send token ids"))
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
-        num_blocks = cc.num_blocks or self._num_blocks_for_budget(arch)
+        num_blocks = cc.num_blocks or (self.simulation.memory.num_blocks if self.simulation
+                                       else self._num_blocks_for_budget(arch))
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
-        self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
-                                              num_blocks=num_blocks, dtype=self.dtype, device=self.device,
-                                              eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+        if self.simulation is not None:
+            self.runner, self.clock = self.simulation.runner, VirtualClock()
+        else:
+            self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
+                                                  num_blocks=num_blocks, dtype=self.dtype, device=self.device,
+                                                  eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+        self.scheduler.snapshot_block_tables = getattr(self.runner, "reads_block_tables", True)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
@@ -123,6 +142,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run, update. Returns an output for every request that got a token."""
+        if getattr(self.runner, "pipelined", False):
+            return self._step_pipelined()
         start = self.clock()
         scheduler_output = self.scheduler.schedule(start)
         if not scheduler_output.units:
@@ -132,15 +153,44 @@ class LLMEngine:
         sampled = self.runner.execute_model(scheduler_output)
         end = self.clock()
         updated = self.scheduler.update_from_output(scheduler_output, sampled, end)
-        out = scheduler_output
+        self._record(scheduler_output, start, end)
+        return [self._output(request, request.output_token_ids[-1:]) for request in updated]
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
+        the last stage, then schedule the next one when stage 0 is free, among the requests not in flight.
+        With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
+        runner, outputs = self.runner, []
+        while True:
+            now = self.clock()
+            for done in runner.pop_finished(now):
+                updated = self.scheduler.update_from_output(done.output, done.sampled, done.timing.end_s)
+                outputs += [self._output(request, request.output_token_ids[-1:]) for request in updated]
+            if not runner.full:
+                scheduler_output = self.scheduler.schedule(now)
+                if scheduler_output.units:
+                    timing = runner.submit(scheduler_output, now)
+                    self._record(scheduler_output, now, timing.end_s, timing)
+                    self.clock.advance_to(runner.next_start_s())
+                    return outputs
+            if (end := runner.next_end_s()) is not None:
+                self.clock.advance_to(end)
+                continue
+            if (arrival := self.scheduler.next_arrival_time()) is not None:
+                self.clock.idle_until(arrival)
+                runner.idle_until(arrival)
+            return outputs
+
+    def _record(self, out, start: float, end: float, timing=None) -> None:
         self.batch_records.append(BatchRecord(
             iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
             num_prefill_seqs=out.num_prefill_seqs, num_decode_seqs=out.num_decode_seqs,
             prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
-            num_waiting=self.num_waiting, num_running=self.num_running))
-        return [self._output(request, request.output_token_ids[-1:]) for request in updated]
+            num_waiting=self.num_waiting, num_running=self.num_running,
+            stage_busy_s=list(timing.stage_busy_s) if timing else [],
+            stage_idle_s=list(timing.stage_idle_s) if timing else []))
 
     def pop_batch_records(self) -> list[BatchRecord]:
         """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""

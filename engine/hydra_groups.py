@@ -67,7 +67,8 @@ def check_model_group(model: Mapping) -> None:
     require(max_len is None or (is_int(max_len) and max_len >= 2), "model.max_model_len", "an integer >= 2 or null",
             max_len)
     kv = model.get("kv_memory_gib")
-    require(is_number(kv) and kv > 0, "model.kv_memory_gib", "a number > 0", kv)
+    if model.get("deployment") is None:  # a deployment sizes its KV cache itself (engine/simulator/memory.py)
+        require(is_number(kv) and kv > 0, "model.kv_memory_gib", "a number > 0", kv)
     tokenizer = model.get("tokenizer")
     require(tokenizer is None or (isinstance(tokenizer, str) and bool(tokenizer)), "model.tokenizer",
             "a tokenizer directory, a preset name or null", tokenizer)
@@ -83,13 +84,14 @@ def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: in
     tokenizer = model.get("tokenizer")
     kwargs = dict(model=str(Path(model["name"]).expanduser()) if "path" in model else model["name"],
                   dtype=model["dtype"], device=model["device"], max_model_len=model["max_model_len"],
-                  kv_memory_gib=model["kv_memory_gib"], attention_backend=model["attention_backend"],
+                  kv_memory_gib=model.get("kv_memory_gib", 1.0), attention_backend=model["attention_backend"],
                   runner=model["runner"], cost_model=model["cost_model"], clock=model["clock"],
                   cuda_graphs=model.get("cuda_graphs", True),
                   scheduler=scheduler["name"], max_num_seqs=scheduler["max_num_seqs"],
                   max_num_batched_tokens=scheduler["max_num_batched_tokens"],
                   tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser()),
-                  skip_tokenizer_init=model.get("skip_tokenizer_init", False))
+                  skip_tokenizer_init=model.get("skip_tokenizer_init", False),
+                  deployment=model.get("deployment"))
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         require(is_int(kwargs[key]) and kwargs[key] >= 1, f"scheduler.{key}", "an integer >= 1", kwargs[key])
     if chunk_size is not None:

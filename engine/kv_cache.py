@@ -26,21 +26,20 @@ class KVCacheManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self.free_blocks)
 
-    def num_missing_blocks(self, request: Request, num_tokens: int) -> int:
-        """Blocks still needed so that ``request`` has slots for ``num_tokens`` tokens."""
-        have = len(self.block_tables.get(request.request_id, ()))
-        return max(0, blocks_for(num_tokens, self.block_size) - have)
-
-    def can_allocate(self, request: Request, num_tokens: int, use_watermark: bool = True) -> bool:
-        reserve = self.watermark_blocks if use_watermark else 0
-        return self.num_missing_blocks(request, num_tokens) <= self.num_free_blocks - reserve
-
-    def allocate(self, request: Request, num_tokens: int) -> None:
-        missing = self.num_missing_blocks(request, num_tokens)
-        if missing > self.num_free_blocks:
-            raise RuntimeError(f"out of KV blocks for {request.request_id}")
-        table = self.block_tables.setdefault(request.request_id, [])
-        table.extend(self.free_blocks.popleft() for _ in range(missing))
+    def try_allocate(self, request: Request, num_tokens: int, use_watermark: bool = True) -> bool:
+        """Give ``request`` slots for ``num_tokens`` tokens if the free blocks (less the watermark) allow;
+        False, and nothing allocated, if they do not."""
+        table = self.block_tables.get(request.request_id)
+        missing = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
+        if missing <= 0 and table is not None:
+            return True
+        if missing > len(self.free_blocks) - (self.watermark_blocks if use_watermark else 0):
+            return False
+        if table is None:
+            table = self.block_tables[request.request_id] = []
+        popleft = self.free_blocks.popleft
+        table.extend(popleft() for _ in range(missing))
+        return True
 
     def free(self, request: Request) -> None:
         self.free_blocks.extend(self.block_tables.pop(request.request_id, ()))

@@ -1,7 +1,7 @@
 """What the engine reports: per-request outputs and one BatchRecord per iteration."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.request import RequestMetrics
 
@@ -33,3 +33,6 @@ class BatchRecord:
     num_kv_blocks_used: int  # KV blocks held after the step (finished requests freed theirs)
     num_waiting: int  # requests waiting after the step
     num_running: int  # requests running after the step
+    # A simulated deployment's pipeline stages (engine/simulator/pipeline.py); empty for other runners.
+    stage_busy_s: list[float] = field(default_factory=list)  # each stage's busy time on this micro-batch
+    stage_idle_s: list[float] = field(default_factory=list)  # each stage's idle time (bubble) right before it

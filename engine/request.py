@@ -59,6 +59,7 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.output_token_ids: list[int] = []
+        self.num_tokens = len(self.prompt_token_ids)  # prompt + output; kept by append_output (read every step)
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.metrics = RequestMetrics(arrival_time=arrival_time)
@@ -69,9 +70,9 @@ class Request:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+    def append_output(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.num_tokens += 1
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens ``start:end`` of prompt + output, without building the whole sequence (a decode needs one)."""
@@ -89,7 +90,7 @@ class Request:
     @property
     def is_decode(self) -> bool:
         """Exactly one token left to compute and the prompt (or its recompute) is done."""
-        return bool(self.output_token_ids) and self.num_uncomputed_tokens == 1
+        return self.num_tokens - self.num_computed_tokens == 1 and bool(self.output_token_ids)
 
     def arrived(self, now: float) -> bool:
         return self.metrics.arrival_time <= now

@@ -54,5 +54,10 @@ def workload_tokenizer(cfg: DictConfig):
 
 
 def model_vocab_size(cfg: DictConfig) -> int:
-    """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json."""
+    """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json or,
+    for a simulated deployment, its model shape."""
+    if cfg.model.get("deployment") is not None:
+        from engine.simulator.deployment import Deployment
+
+        return int(Deployment.from_config(section(cfg.model, "deployment")).resolve().shape.vocab_size)
     return int(json.loads((_model_path(cfg) / "config.json").read_text())["vocab_size"])

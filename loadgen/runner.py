@@ -14,7 +14,7 @@ from loadgen.bench_config import section, workload_tokenizer
 from loadgen.cpu_share import CpuMonitor, CpuReport
 from loadgen.experiment_lock import experiment_lock
 from loadgen.live_target import LiveTarget
-from loadgen.metrics import summarize
+from loadgen.metrics import pipeline_summary, summarize
 from loadgen.plan import RunPlan, plan_run
 from loadgen.progress import RunPart, current
 from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
@@ -101,6 +101,7 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
+               **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.model.runner == "simulated" and cfg.model.clock == "virtual")}
     with experiment_lock(plan.exp_dir):
         if is_complete(plan.run_dir):  # a parallel job measured the same point first: keep its run

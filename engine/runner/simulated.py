@@ -16,6 +16,7 @@ from engine.scheduler.output import SchedulerOutput
 
 
 class SimulatedRunner:
+    reads_block_tables = False  # the scheduler need not copy them into its snapshots
     def __init__(self, cost_model: CostModel, vocab_size: int, eos_token_ids: set[int], clock: VirtualClock | None,
                  seed: int):
         self.cost_model, self.clock = cost_model, clock
@@ -30,4 +31,5 @@ class SimulatedRunner:
             time.sleep(seconds)
         else:
             self.clock.advance_to(self.clock() + seconds)
-        return {u.request_id: self.rng.choice(self.token_ids) for u in out.units if u.samples}
+        token_ids, randrange = self.token_ids, self.rng.randrange
+        return {u.request_id: token_ids[randrange(len(token_ids))] for u in out.units if u.samples}

@@ -56,6 +56,11 @@ class Scheduler(ABC):
     """FCFS queue + running list; subclasses decide what one iteration contains.
 
     ``running`` is in admission order; preemption (by recompute) takes the newest running request.
+
+    A scheduled request is *in flight* until its step's result is applied (``update_from_output``). With
+    one step at a time (every runner but a pipelined simulation) nothing is in flight when a step is
+    scheduled. With pipeline parallelism several micro-batches are in flight at once; their requests are
+    neither scheduled again nor preempted until their micro-batch leaves the last stage.
     """
 
     name: ClassVar[str]
@@ -73,6 +78,10 @@ class Scheduler(ABC):
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, waiting or running
         self.finished_request_ids: list[str] = []  # since the last step
+        self.in_flight: set[str] = set()  # ids of requests scheduled in a step whose result is not applied yet
+        # Snapshot each unit's block table (the model runner reads it; the simulated runners do not, and a
+        # decode's table copy is as long as its context / block_size).
+        self.snapshot_block_tables = True
 
     @abstractmethod
     def build_batch(self, now: float) -> Batch:
@@ -85,6 +94,7 @@ class Scheduler(ABC):
         for unit in batch.units:
             if unit.request.metrics.first_scheduled_time is None:
                 unit.request.metrics.first_scheduled_time = now
+            self.in_flight.add(unit.request.request_id)
         finished, self.finished_request_ids = self.finished_request_ids, []
         return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished)
 
@@ -93,7 +103,8 @@ class Scheduler(ABC):
         return ScheduledUnit(request_id=request.request_id, token_ids=request.token_ids(start, start + n),
                              num_computed_tokens=start, is_prefill=unit.is_prefill,
                              samples=start + n == request.num_tokens,
-                             block_table=list(self.kv.block_tables[request.request_id]),
+                             block_table=list(self.kv.block_tables[request.request_id])
+                             if self.snapshot_block_tables else [],
                              sampling_params=request.params)
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int], now: float) -> list[Request]:
@@ -101,12 +112,15 @@ class Scheduler(ABC):
         ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
         updated = []
         for unit in output.units:
-            request = self.requests[unit.request_id]
+            self.in_flight.discard(unit.request_id)
+            request = self.requests.get(unit.request_id)
+            if request is None:  # aborted while its step was in flight
+                continue
             request.num_computed_tokens += unit.num_new_tokens
             token = sampled.get(unit.request_id)
             if token is None:
                 continue
-            request.output_token_ids.append(token)
+            request.append_output(token)
             request.metrics.token_times.append(now)
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
@@ -134,6 +148,7 @@ class Scheduler(ABC):
             self.waiting.remove(request)
         self.kv.free(request)
         del self.requests[request.request_id]
+        self.in_flight.discard(request.request_id)
         self.finished_request_ids.append(request.request_id)
 
     def next_arrival_time(self) -> float | None:
@@ -154,6 +169,12 @@ class Scheduler(ABC):
 
     # -- building blocks shared by the policies --------------------------------------------------
 
+    def schedulable(self) -> list[Request]:
+        """The running requests not in flight: those a step may schedule or preempt."""
+        if not self.in_flight:
+            return self.running
+        return [r for r in self.running if r.request_id not in self.in_flight]
+
     def next_arrived(self, now: float) -> Request | None:
         if self.waiting and self.waiting[0].arrived(now):
             return self.waiting[0]
@@ -163,9 +184,8 @@ class Scheduler(ABC):
         """Move the head of the queue to running if a sequence slot and its KV blocks are available."""
         if len(self.running) >= self.config.max_num_seqs:
             return False
-        if not self.kv.can_allocate(request, self.reservation(request)):
+        if not self.kv.try_allocate(request, self.reservation(request)):
             return False
-        self.kv.allocate(request, self.reservation(request))
         self.waiting.popleft()
         self.running.append(request)
         request.status = RequestStatus.RUNNING
@@ -182,21 +202,21 @@ class Scheduler(ABC):
 
     def schedule_decodes(self, batch: Batch) -> None:
         """One token for every running decode, oldest first, preempting the newest when blocks run out."""
-        for request in [r for r in self.running if r.is_decode]:
-            if request not in self.running:  # preempted below as a victim of an older request
+        units, try_allocate = batch.units, self.kv.try_allocate
+        for request in [r for r in self.schedulable() if r.is_decode]:
+            if request.status is not RequestStatus.RUNNING:  # preempted below as a victim of an older request
                 continue
-            while not self.kv.can_allocate(request, request.num_tokens, use_watermark=False):
-                victim = self.running[-1]
+            while not try_allocate(request, request.num_tokens, use_watermark=False):
+                victim = self.schedulable()[-1]  # not empty: ``request`` itself is schedulable
                 self.preempt(victim, batch)
                 if victim is request:
                     break
             else:
-                self.kv.allocate(request, request.num_tokens)
-                batch.units.append(PlannedUnit(request, 1, is_prefill=False))
+                units.append(PlannedUnit(request, 1, is_prefill=False))
 
     def schedule_prefill_chunks(self, batch: Batch, budget: int, now: float) -> None:
         """Ongoing partial prefills, then new requests FCFS, each getting min(remaining, budget left)."""
-        for request in self.running:
+        for request in self.schedulable():
             if budget <= 0:
                 return
             if not request.is_decode:  # decodes were scheduled already (as 1-token units)

@@ -17,7 +17,7 @@ class ChunkedPrefillScheduler(Scheduler):
 
     def build_batch(self, now: float) -> Batch:
         batch = Batch()
-        decodes_waiting = any(r.is_decode for r in self.running)
+        decodes_waiting = any(r.is_decode for r in self.schedulable())
         if not (self.last_was_prefill and decodes_waiting):
             self.schedule_prefill_chunks(batch, self.config.chunk_size, now)
         self.last_was_prefill = bool(batch.units)

@@ -33,6 +33,8 @@ class ScheduledUnit:
 
 @dataclass
 class SchedulerOutput:
+    """Built once per step and not changed afterwards (its token counts are computed once, on first use)."""
+
     # Decodes first, then prefill chunks (the runner's flat token layout).
     units: list[ScheduledUnit] = field(default_factory=list)
     # Requests preempted (by recompute) while building this step; they are back in the waiting queue.
@@ -40,28 +42,51 @@ class SchedulerOutput:
     # Requests that finished or were aborted since the last step: runners drop per-request state.
     finished_request_ids: list[str] = field(default_factory=list)
 
+    _counts_cache: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def _counts(self) -> tuple[int, ...]:
+        """(prefill tokens, decode tokens, prefill seqs, decode seqs, prefill attention work, decode context
+        tokens), counted in one pass on first use: the engine and the simulated runners read all six every step."""
+        if self._counts_cache is None:
+            self._counts_cache = self._count()
+        return self._counts_cache
+
+    def _count(self) -> tuple[int, ...]:
+        prefill_tokens = decode_tokens = prefill_seqs = work = context = 0
+        for u in self.units:
+            n = len(u.token_ids)
+            if u.is_prefill:
+                prefill_tokens += n
+                prefill_seqs += 1
+                work += n * (u.num_computed_tokens + n)
+            else:
+                decode_tokens += n
+                context += u.num_computed_tokens + 1
+        return prefill_tokens, decode_tokens, prefill_seqs, len(self.units) - prefill_seqs, work, context
+
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(u.num_new_tokens for u in self.units if u.is_prefill)
+        return self._counts[0]
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(u.num_new_tokens for u in self.units if not u.is_prefill)
+        return self._counts[1]
 
     @property
     def num_prefill_seqs(self) -> int:
-        return sum(u.is_prefill for u in self.units)
+        return self._counts[2]
 
     @property
     def num_decode_seqs(self) -> int:
-        return sum(not u.is_prefill for u in self.units)
+        return self._counts[3]
 
     @property
     def prefill_attention_work(self) -> int:
         """Query-key pairs of the prefill chunks: chunk tokens x the context they attend to (cache + chunk)."""
-        return sum(u.num_new_tokens * (u.num_computed_tokens + u.num_new_tokens) for u in self.units if u.is_prefill)
+        return self._counts[4]
 
     @property
     def decode_context_tokens(self) -> int:
         """Keys the decodes read: the sum of their context lengths (including the new token)."""
-        return sum(u.num_computed_tokens + 1 for u in self.units if not u.is_prefill)
+        return self._counts[5]

@@ -1,12 +1,16 @@
-"""The paper-scale preset: Mistral-7B's shape (no weights) on the committed roofline H200 cost model,
-simulated on a virtual clock, at full-length trace prompts."""
+"""The paper-scale presets: the Sarathi-Serve study on simulated GPU deployments (+experiment=paper), and
+Mistral-7B's shape (no weights) on the committed roofline H200 cost model (model=mistral7b_sim)."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 from engine import CostModel
-from engine.model.presets import SHAPE_PRESETS, hf_config
+from engine.hydra_groups import compose
+from engine.model.presets import hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path(sys.executable).parent / "stallfree-bench"
@@ -28,15 +32,27 @@ def test_committed_roofline_cost_model_matches_the_shape_and_the_h200_limits():
     assert 10e-3 < 512 * model.coefficients["num_prefill_tokens"] < 20e-3
 
 
-def test_paper_preset_runs_a_full_length_point_on_the_7b_shape(tmp_path):
-    args = ["+experiment=paper", "mode=run", "workload=arxiv", "slo=strict", "scheduler=sarathi",
-            "chunk_size=512", "qps=4", "num_requests=60", f"results_dir={tmp_path}",
-            f"model.cost_model={COST_MODEL}"]
-    proc = subprocess.run([BENCH, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("model, slo, tbt_ms, chunk", [
+    ("mistral7b_a100", "strict", 100, 512), ("yi34b_a100_tp2", "relaxed", 1000, 2048),
+    ("llama2_70b_a40_tp4_pp2", "relaxed", 5000, 1536), ("falcon180b_a100_tp4_pp2", "strict", 1000, 512)])
+def test_paper_preset_takes_each_deployments_slo_and_token_budget(model, slo, tbt_ms, chunk):
+    cfg = compose("bench", ["+experiment=paper", f"model={model}", f"slo={slo}", "scheduler=sarathi"], "test")
+    assert (cfg["slo"]["tbt_ms"], cfg["chunk_size"], cfg["num_requests"]) == (tbt_ms, chunk, 2048)
+    assert cfg["capacity"]["max_p50_scheduling_delay_s"] == 2.0
+    assert cfg["workload"]["lengths"]["scale"] == 1 and cfg["workload"]["max_total_tokens"] == 8192
+    params = yaml.safe_load((ROOT / "conf" / "experiment" / "paper.yaml").read_text())["hydra"]["sweeper"]["params"]
+    assert params["scheduler"] == "vllm,orca,sarathi" and params["workload"] == "openchat_sharegpt4,arxiv"
+
+
+def test_paper_preset_runs_a_point_of_a_pipelined_deployment(tmp_path):
+    pytest.importorskip("engine.simulator.ops", reason="the operator cost model (engine/simulator/ops)")
+    args = ["+experiment=paper", "mode=run", "model=llama2_70b_a40_tp4_pp2", "workload=openchat_sharegpt4",
+            "slo=strict", "scheduler=sarathi", "qps=0.5", "num_requests=40", f"results_dir={tmp_path}"]
+    proc = subprocess.run([BENCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     [summary_file] = (tmp_path / "paper").glob("*/summary.json")
     summary = json.loads(summary_file.read_text())
-    assert summary["model"] == "mistral-7b-shape" and "mistral-7b-shape" in SHAPE_PRESETS
-    assert summary["completed"] == 60 and summary["failed"] == 0
-    assert summary["disturbed"] is None  # a virtual clock does not depend on the CPU the run gets
-    assert summary["total_input_tokens"] / 60 > 1000  # full-length arXiv prompts, not scaled down
+    assert summary["model"] == "llama2_70b_a40_tp4_pp2" and summary["completed"] == 40
+    assert summary["chunk_size"] == 512 and summary["slo_tbt_ms"] == 1000
+    assert summary["pipeline_stages"] == 2 and 0 < summary["pipeline_bubble_fraction"] < 1
+    assert summary["total_input_tokens"] / 40 > 1000  # full-length openchat_sharegpt4 prompts
