@@ -14,8 +14,9 @@ class RequestOutput:
     new_token_ids: list[int]
     text: str
     finished: bool
-    finish_reason: str | None  # stop | length | abort
+    finish_reason: str | None  # stop | length | abort | error
     metrics: RequestMetrics
+    error: str | None = None  # finish_reason "error": what its step raised (the other requests carried on)
 
 
 @dataclass
