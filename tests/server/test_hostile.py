@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 import time
 from dataclasses import fields
 
@@ -16,7 +17,15 @@ from engine.model.presets import resolve_model_path
 from engine.server import ServerConfig, start_server
 from engine.server.history import BatchHistory
 from tests.server.conftest import ENGINE
-from tests.server.helpers import async_client, is_openai_error, raw_exchange
+from tests.server.helpers import (
+    async_client,
+    greedy,
+    is_openai_error,
+    metric,
+    raw_exchange,
+    stream_tokens,
+    wait_idle,
+)
 
 # -- lone surrogates -------------------------------------------------------------------------------
 
@@ -166,3 +175,157 @@ def test_no_tokenizer_serves_token_ids_with_empty_text(no_tokenizer_server):
             assert error.status_code == 400 and error.json()["error"]["param"] == param
             assert error.json()["error"]["code"] == "no_tokenizer" and str(path) in error.json()["error"]["message"]
         assert http.post("/tokenize", json={"prompt": [1, 2]}).status_code == 400  # /tokenize takes text only
+
+
+# -- every parameter's range (engine/limits.py), on completions and chat ---------------------------
+
+HUGE = "9" * 4300  # the issue's top_k, as JSON text (the longest integer Python's JSON decoder reads)
+COMPLETION = '{"prompt": "hi", "max_tokens": 2, '
+CHAT = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+OUT_OF_RANGE = [  # (field, JSON value) on both endpoints: a 400 naming the field
+    ("top_k", HUGE), ("top_k", "-2"), ("top_k", "9223372036854775808"), ("top_k", "1.5"),
+    ("temperature", "NaN"), ("temperature", "Infinity"), ("temperature", "-1e-9"), ("temperature", "2.01"),
+    ("temperature", HUGE), ("temperature", "1e400"),
+    ("top_p", "0"), ("top_p", "-Infinity"), ("top_p", "1.0001"), ("top_p", "NaN"),
+    ("seed", "18446744073709551616"), ("seed", "-9223372036854775809"), ("seed", HUGE),
+    ("max_tokens", "0"), ("max_tokens", "-1"), ("max_tokens", "9223372036854775808"), ("max_tokens", HUGE),
+    ("n", "2"), ("n", "0"), ("n", HUGE),
+    ("min_p", "1.5"), ("min_p", "NaN"), ("presence_penalty", "2.5"), ("frequency_penalty", "-3"),
+    ("repetition_penalty", "0"), ("repetition_penalty", HUGE),
+    ("logit_bias", '{"5": 101}'), ("logit_bias", '{"5": NaN}'), ("logit_bias", '{"x": 1}'),
+    ("logit_bias", '{' + ", ".join(f'"{i}": 1' for i in range(301)) + '}'),
+    ("stop", '["x", ' + '"y", ' * 16 + '"z"]'), ("stop", '"' + "s" * 257 + '"'), ("stop", '[""]'), ("stop", "[1]"),
+    ("stop_token_ids", "[-1]"), ("stop_token_ids", "[" + HUGE + "]"), ("stop_token_ids", "[" + "1, " * 64 + "1]"),
+    ("ignore_eos", "1"), ("stream", '"true"'), ("stream_options", '{"include_usage": 1}'),
+]
+PER_ENDPOINT = [
+    (COMPLETION, "logprobs", "21"), (COMPLETION, "logprobs", "-1"), (COMPLETION, "logprobs", HUGE),
+    (COMPLETION, "echo", "1"), (CHAT, "logprobs", "1"), (CHAT, "top_logprobs", "21"), (CHAT, "top_logprobs", HUGE),
+    (CHAT, "max_completion_tokens", "0"), (CHAT, "max_completion_tokens", HUGE),
+]
+UNSUPPORTED = [("min_p", "0.1"), ("presence_penalty", "0.5"), ("frequency_penalty", "-0.5"),
+               ("repetition_penalty", "1.1"), ("logit_bias", '{"5": 10}')]
+
+
+def post_raw(http, base: str, name: str, value: str):
+    path = "/v1/chat/completions" if base is CHAT else "/v1/completions"
+    return http.post(path, content=f'{base}"{name}": {value}}}', headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("base", [COMPLETION, CHAT], ids=["completions", "chat"])
+@pytest.mark.parametrize(("name", "value"), OUT_OF_RANGE, ids=[f"{n}={v[:12]}" for n, v in OUT_OF_RANGE])
+def test_every_parameter_out_of_range_is_a_400_naming_it(http, base, name, value):
+    r = post_raw(http, base, name, value)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == name and error["message"].startswith(f"{name}: "), error
+    assert error["code"] in ("invalid_value", "invalid_type") and len(error["message"]) < 300
+
+
+@pytest.mark.parametrize(("base", "name", "value"), PER_ENDPOINT, ids=[f"{n}={v[:12]}" for _, n, v in PER_ENDPOINT])
+def test_endpoint_parameters_out_of_range_are_400s_naming_them(http, base, name, value):
+    r = post_raw(http, base, name, value)
+    assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text[:300]
+
+
+@pytest.mark.parametrize(("name", "value"), UNSUPPORTED + [("logprobs", "2"), ("echo", "true")])
+def test_a_parameter_the_server_does_not_implement_is_refused_unless_default(http, name, value):
+    r = post_raw(http, COMPLETION, name, value)
+    error = r.json()["error"]
+    assert (r.status_code, error["param"], error["code"]) == (400, name, "unsupported_parameter"), error
+    default = {"min_p": "0", "presence_penalty": "0", "frequency_penalty": "0", "repetition_penalty": "1",
+               "logit_bias": "{}", "logprobs": "null", "echo": "false"}[name]
+    assert post_raw(http, COMPLETION, name, default).status_code == 200
+
+
+def test_the_edges_of_every_range_are_served(http):
+    body = {"prompt": "hi", "max_tokens": 2, "temperature": 2, "top_p": 1e-300, "top_k": 2**63 - 1,
+            "seed": 2**64 - 1, "stop_token_ids": list(range(64)), "n": 1, "min_p": 0, "logit_bias": {}}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    body |= {"temperature": 1e-300, "seed": -(2**63), "top_k": -1, "top_p": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
+
+
+def test_the_reported_top_k_fails_alone_while_a_stream_runs(server, http, llm):
+    """The issue: a 4,300-digit top_k got a 500 and cut every in-flight stream short."""
+    prompt, max_tokens = [11, 12, 13, 14], 60
+    _, reference = greedy(llm, prompt, max_tokens)
+
+    async def run():
+        async with async_client(server.url) as client:
+            stream = asyncio.ensure_future(stream_tokens(client, {
+                "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}))
+            await asyncio.sleep(0.2)
+            bad = await client.post("/v1/completions", content=f'{{"prompt": "hi", "max_tokens": 5, "top_k": {HUGE}}}',
+                                    headers={"Content-Type": "application/json"})
+            return bad, await stream
+
+    bad, tokens = asyncio.run(run())
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_k"
+    assert tokens == reference
+
+
+def test_prompt_token_ids_beyond_the_vocabulary_are_a_400(http):
+    for prompt in ([5, 2048], [5, int(HUGE)], [[5], [2**64]]):
+        r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and len(r.text) < 400
+
+
+# -- X-Request-Id ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("request_id", [b"evil\x1b[31m", b"a\x00b", b"x" * 129, b"caf\xe9", b"\x7f", b"tab\there"])
+def test_a_bad_request_id_is_refused_and_never_echoed_or_logged(server, request_id, caplog):
+    body = b'{"prompt": "hi", "max_tokens": 1}'
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+               b"X-Request-Id: " + request_id + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level("DEBUG"), socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    head, _, payload = response.partition(b"\r\n\r\n")
+    error = json.loads(payload)["error"]
+    # h11 itself refuses some control characters (NUL) before the app sees the request
+    assert head.split()[1] == b"400" and error["code"] in ("invalid_request_id", "invalid_http_request")
+    assert request_id not in response
+    if b"x-request-id:" in head.lower():
+        echoed = head.lower().split(b"x-request-id: ")[1].split(b"\r\n")[0]
+        assert len(echoed) == 32 and all(c in b"0123456789abcdef" for c in echoed)
+    assert all(request_id.decode("latin-1") not in record.getMessage() for record in caplog.records)
+
+
+def test_a_good_request_id_is_echoed(http):
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"X-Request-Id": "my id-42"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "my id-42" and r.json()["id"] == "cmpl-my id-42"
+    long = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"X-Request-Id": "r" * 200})
+    assert long.status_code == 400 and long.json()["error"]["code"] == "invalid_request_id"
+    assert long.headers["x-request-id"] != "r" * 200 and "r" * 129 not in long.text
+
+
+# -- a request the engine fails on -----------------------------------------------------------------
+
+
+def test_a_prompt_the_engine_fails_on_fails_its_request_alone(poisoned_server, llm):
+    from tests.fakes.poisoned_runner import POISON_SEED
+
+    _, reference = greedy(llm, [21, 22, 23], 16)
+    with httpx.Client(base_url=poisoned_server.url, timeout=60, trust_env=False) as client:
+        async def run():
+            async with async_client(poisoned_server.url) as aclient:
+                good = asyncio.ensure_future(stream_tokens(aclient, {
+                    "prompt": [21, 22, 23], "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                    "stream": True}))
+                bad = await aclient.post("/v1/completions", headers={"X-Request-Id": "two-prompts"}, json={
+                    "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 30, "seed": POISON_SEED, "temperature": 0})
+                return bad, await good
+
+        bad, tokens = asyncio.run(run())
+        error = bad.json()["error"]
+        assert (bad.status_code, error["code"], error["type"]) == (500, "engine_error", "server_error")
+        assert "the engine failed on this request: Poisoned: poisoned request two-prompts-" in error["message"]
+        assert tokens == reference
+        m = wait_idle(poisoned_server.url)
+        assert metric(m, "vllm:kv_cache_usage_perc") == 0 and metric(m, "vllm:request_success_total",
+                                                                   finished_reason="error") >= 1
+        assert client.get("/health").status_code == 200
