@@ -118,6 +118,22 @@ def test_a_step_that_fails_on_one_request_ends_only_it(engine, workload, after_t
     assert not engine.has_unfinished() and engine.num_free_blocks == engine.num_total_blocks
 
 
+def test_an_overflow_in_the_real_sampler_fails_only_its_request(engine, workload):
+    """The reported fault's kind, in process: values too large for a float set on queued requests'
+    params (past validation). The issue's top_k no longer reaches the knob tensor (the sampler clamps it
+    to the vocabulary); a temperature that large still raises OverflowError in the sampler."""
+    good, clean = workload
+    odd_top_k, overflow = (SamplingParams(max_tokens=20, temperature=0.7, ignore_eos=True) for _ in range(2))
+    engine.add_request([9, 10, 11] * 20, odd_top_k, request_id="top_k")
+    engine.add_request([9, 10, 11] * 20, overflow, request_id="overflow")
+    odd_top_k.top_k, overflow.temperature = HUGE, HUGE
+    outputs = run(engine, good)
+    assert {rid: outputs[rid].token_ids for rid, _, _ in good} == clean
+    assert outputs["top_k"].finish_reason == "length"
+    assert outputs["overflow"].finish_reason == "error" and "OverflowError" in outputs["overflow"].error
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
 def test_a_fault_that_is_no_requests_fails_them_all_and_the_engine_goes_on(engine, workload):
     good, clean = workload
 
