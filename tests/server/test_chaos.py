@@ -149,6 +149,8 @@ def test_hostile_traffic_harms_no_well_formed_stream(poisoned_server):
     lanes = GoodLanes(url, bodies)
     outcomes: list[Outcome] = []
     lanes.thread.start()
+    while lanes.in_flight == 0 and not lanes.errors:  # the good streams are open before the first attack
+        time.sleep(0.01)
     start = time.monotonic()
 
     @CHAOS
