@@ -13,6 +13,7 @@ import math
 from hypothesis import strategies as st
 
 from engine.limits import RANGES, SIZES, Range
+from engine.server.protocol import NOT_SUPPORTED
 
 HUGE = int("9" * 4300)  # the issue's top_k: the longest integer Python's JSON decoder reads
 VOCAB = 2048  # the tiny preset's
@@ -36,9 +37,16 @@ def outside(r: Range, optional: bool = False) -> st.SearchStrategy:
     return values | non_finite | wrong_types | (st.nothing() if optional else st.none())
 
 
-def unsupported(name: str, values: st.SearchStrategy) -> st.SearchStrategy:
-    """In range, but not the one value this server implements (engine/server/protocol.py NOT_SUPPORTED)."""
-    return outside(RANGES[name], optional=True) | values
+def unsupported(name: str, in_range: st.SearchStrategy) -> st.SearchStrategy:
+    """Bad values of an optional field: out of its range, and while the server does not implement it
+    (NOT_SUPPORTED in engine/server/protocol.py) any ``in_range`` value but its default too."""
+    out = outside(RANGES[name], optional=True)
+    return out | in_range if name in NOT_SUPPORTED else out
+
+
+def bad_flag(name: str) -> st.SearchStrategy:
+    """Bad values of a boolean field: not booleans, and ``true`` while the server does not implement it."""
+    return st.sampled_from([0, 1, "true", [True], None]) | (st.just(True) if name in NOT_SUPPORTED else st.nothing())
 
 
 def too_many(limit: int, item: object) -> st.SearchStrategy:
@@ -83,7 +91,7 @@ BAD_COMPLETION = {
     "prompt": (st.sampled_from(["", [], [[]], [""], {"text": "hi"}, 5, None]) | bad_token_ids
                | too_many(SIZES["prompt"].max_items, [5, 6]) | long_text(1_100_000, 1_200_000)),  # the last: 413
     "logprobs": unsupported("logprobs", st.integers(0, 20)),
-    "echo": st.just(True) | wrong_types,
+    "echo": bad_flag("echo"),
 }
 BAD_CHAT = {
     **BAD_COMMON,
@@ -91,7 +99,7 @@ BAD_CHAT = {
                                   [{"role": "user", "content": 5}], [{"role": "user", "content": "\ud800"}]])
                  | long_text(1_100_000, 1_200_000).map(lambda t: [{"role": "user", "content": t}])),
     "max_completion_tokens": outside(RANGES["max_tokens"], optional=True) | st.integers(CONTEXT, 10**12),
-    "logprobs": st.just(True) | wrong_types | st.sampled_from([0, 1]),
+    "logprobs": bad_flag("logprobs"),
     "top_logprobs": unsupported("top_logprobs", st.integers(0, 20)),
 }
 VALID_COMPLETION = {"prompt": "hello there", "max_tokens": 2}
