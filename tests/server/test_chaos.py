@@ -82,7 +82,7 @@ bad_ids = st.sampled_from([b"x" * 129, b"id-\xff", "é".encode("latin-1") * 3]) 
 KINDS = {"body": hostile_requests.map(lambda path_body: ("body", *path_body)),
          "poison": poisoned.map(lambda body: ("poison", "/v1/completions", body)),
          "header": bad_ids.map(lambda rid: ("header", "/v1/completions", {**VALID_COMPLETION, "_id": rid}))}
-hostile = st.sampled_from(["body"] * 7 + ["header"] * 2 + ["poison"]).flatmap(KINDS.__getitem__)
+hostile = st.sampled_from(["body"] * 12 + ["header"] * 3 + ["poison"]).flatmap(KINDS.__getitem__)
 
 
 async def send(client, lanes: GoodLanes, kind: str, path: str, body: dict, n: int) -> Outcome:
