@@ -177,7 +177,7 @@ def test_hostile_traffic_harms_no_well_formed_stream(poisoned_server):
     for outcome in outcomes:
         check(outcome)
     kinds = {kind: sum(o.kind == kind for o in outcomes) for kind in ("body", "header", "poison")}
-    assert min(kinds.values()) >= 20, kinds
+    assert min(kinds.values()) >= 10, kinds
     m = wait_idle(url)
     assert not engine.has_unfinished() and engine.num_free_blocks == engine.num_total_blocks
     assert not poisoned_server.state.engine_loop._routes  # every submission was routed to its end
