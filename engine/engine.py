@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 import torch
 
@@ -15,10 +16,14 @@ from engine.outputs import BatchRecord, RequestOutput
 from engine.request import Request, RequestStatus, SamplingParams
 from engine.runner.clock import VirtualClock
 from engine.runner.factory import make_runner
+from engine.runner.isolation import execute_isolating
 from engine.scheduler import make_scheduler
+from engine.scheduler.output import SchedulerOutput
 from engine.tokenizer import first_lone_surrogate, load_tokenizer
 
 DEFAULT_MAX_MODEL_LEN = 4096
+MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
+logger = logging.getLogger("stallfree.engine")
 
 
 class LLMEngine:
@@ -150,11 +155,17 @@ class LLMEngine:
             if (arrival := self.scheduler.next_arrival_time()) is not None:
                 self.clock.idle_until(arrival)
             return []
-        sampled = self.runner.execute_model(scheduler_output)
+        try:
+            sampled = self.runner.execute_model(scheduler_output)
+            failed: list[RequestOutput] = []
+        except Exception as exc:  # end only the requests it failed on; the others keep their tokens
+            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
+            sampled, errors = execute_isolating(self.runner, scheduler_output, exc)
+            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
         end = self.clock()
         updated = self.scheduler.update_from_output(scheduler_output, sampled, end)
         self._record(scheduler_output, start, end)
-        return [self._output(request, request.output_token_ids[-1:]) for request in updated]
+        return [self._output(request, request.output_token_ids[-1:]) for request in updated] + failed
 
     def _step_pipelined(self) -> list[RequestOutput]:
         """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
@@ -199,7 +210,19 @@ class LLMEngine:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _output(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+    def _fail_requests(self, output: SchedulerOutput,
+                       errors: dict[str, Exception]) -> tuple[SchedulerOutput, list[RequestOutput]]:
+        """End the requests a step failed on (status "error", blocks freed); the step without them."""
+        now, failed = self.clock(), []
+        for request_id, exc in errors.items():
+            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            logger.warning("request %s ended: its step fails on it alone: %s", request_id, error)
+            request = self.scheduler.requests[request_id]
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
+            failed.append(self._output(request, [], error=error))
+        return dataclasses.replace(output, units=[u for u in output.units if u.request_id not in errors]), failed
+
+    def _output(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
         finished = request.status.finished
         return RequestOutput(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
@@ -208,4 +231,4 @@ class LLMEngine:
             text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
             if finished and self.tokenizer is not None else "",
             finished=finished, finish_reason=request.status.value if finished else None,
-            metrics=request.metrics)
+            metrics=request.metrics, error=error)

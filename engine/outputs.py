@@ -14,8 +14,9 @@ class RequestOutput:
     new_token_ids: list[int]  # the tokens emitted by this step
     text: str  # the decoded output, filled when the request finishes (streamers decode new_token_ids)
     finished: bool
-    finish_reason: str | None  # stop | length | abort
+    finish_reason: str | None  # stop | length | abort | error
     metrics: RequestMetrics  # the request's timings so far
+    error: str | None = None  # finish_reason "error": what its step raised (the other requests carried on)
 
 
 @dataclass

@@ -4,11 +4,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
+
 
 @dataclass
 class SamplingParams:
+    """Per-request sampling knobs; ``validate`` checks each against its range in ``engine.limits``."""
+
     max_tokens: int = 16
-    temperature: float = 1.0
+    temperature: float = 1.0  # below GREEDY_TEMPERATURE: greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: disabled
     seed: int | None = None
@@ -16,18 +20,22 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+        """Raise InvalidParam (a ValueError) naming the first field outside its range (engine.limits)."""
+        for name in ("max_tokens", "temperature", "top_p", "top_k"):
+            RANGES[name].check(name, getattr(self, name))
+        if self.seed is not None:
+            RANGES["seed"].check("seed", self.seed)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidParam("ignore_eos", f"ignore_eos must be true or false, got {short_repr(self.ignore_eos)}")
+        ids, size = self.stop_token_ids, SIZES["stop_token_ids"]
+        if not isinstance(ids, list | tuple | set | frozenset) or len(ids) > size.max_items:
+            raise InvalidParam("stop_token_ids", f"stop_token_ids must be a list of {size.describe()}, got {short_repr(ids)}")
+        for token in ids:
+            RANGES["stop_token_ids"].check("stop_token_ids", token)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
 
 class RequestStatus(enum.Enum):
@@ -36,6 +44,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # its step raised on it (engine.isolation); the others carried on
 
     @property
     def finished(self) -> bool:

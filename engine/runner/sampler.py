@@ -35,10 +35,10 @@ def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     vocab = logits.shape[-1]
     # One host->device copy for the three per-row knobs.
     knobs = torch.tensor([[p.temperature if not p.greedy else 1.0 for p in params],
-                          [p.top_k if p.top_k > 0 and not p.greedy else vocab for p in params],
+                          [min(p.top_k, vocab) if p.top_k > 0 and not p.greedy else vocab for p in params],
                           [p.top_p if not p.greedy else 1.0 for p in params]],
                          dtype=torch.float64, device=logits.device)
-    temperature, top_k, top_p = knobs[0].to(logits.dtype), knobs[1].long().clamp(max=vocab), knobs[2]
+    temperature, top_k, top_p = knobs[0].to(logits.dtype), knobs[1].long(), knobs[2]
     logits = logits / temperature.unsqueeze(1)
     needs_top_k = any(0 < p.top_k < vocab and not p.greedy for p in params)
     needs_top_p = any(p.top_p < 1.0 and not p.greedy for p in params)
@@ -55,6 +55,7 @@ def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         # Drop a token once the mass before it already reaches top_p (the first token always stays).
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= top_p.to(mass_before.dtype).unsqueeze(1)
+        drop_sorted[:, 0] = False  # a top_p that rounds to 0 in the logits' dtype must keep one token
         drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

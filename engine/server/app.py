@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from engine import LLMEngine, SamplingParams
 from engine.hydra_groups import is_int, is_number, require
+from engine.limits import InvalidParam, short_repr
 from engine.server.generate import Generation
 from engine.server.history import BatchHistory
 from engine.server.http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
@@ -78,12 +79,13 @@ class ServerState:
     no_tokenizer_reason: str
     model_name: str
     max_model_len: int
+    vocab_size: int
     metrics: ServerMetrics
     created: int
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
+            raise APIError(404, f"model {short_repr(model)} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
     def require_tokenizer(self, param: str) -> None:
@@ -99,6 +101,9 @@ class ServerState:
             ids = list(prompt)
         if not ids:
             raise APIError(400, "prompt is empty", param="prompt", code="empty_prompt")
+        if max(ids) >= self.vocab_size:
+            raise APIError(400, f"prompt: token ids must be in [0, {self.vocab_size}) (this model's vocabulary), "
+                           f"got {short_repr(max(ids))}", param="prompt", code="invalid_value")
         return ids
 
     def render_chat(self, messages: list[ChatMessage]) -> list[int]:
@@ -128,11 +133,12 @@ class ServerState:
                                f"request needs {asked} (at least one must be generated)", param="max_tokens",
                                code="context_length_exceeded")
             sp = SamplingParams(max_tokens=max_tokens or budget, temperature=body.temperature, top_p=body.top_p,
-                                top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos)
+                                top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
+                                stop_token_ids=body.stop_token_ids or [])
             try:
-                sp.validate()
-            except ValueError as exc:
-                raise APIError(400, str(exc), code="invalid_value") from None
+                sp.validate()  # the schema checked the same ranges (engine.limits): this never raises
+            except InvalidParam as exc:
+                raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
             params.append(sp)
         return params
 
@@ -148,7 +154,7 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
     model_name = cfg.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name, engine.max_model_len)
     st = ServerState(cfg, engine_loop, copy.deepcopy(engine.tokenizer), engine.no_tokenizer_reason, model_name,
-                     engine.max_model_len, metrics, int(time.time()))
+                     engine.max_model_len, engine.vocab_size, metrics, int(time.time()))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -180,6 +186,7 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
 
     async def generate(request: Request, body: CompletionRequest | ChatCompletionRequest,
                        prompts: list[list[int]], max_tokens: int | None) -> Response:
+        body.check_supported()
         if body.stop:  # matched on the decoded text, which needs the tokenizer
             st.require_tokenizer("stop")
         params = st.sampling_params(body, prompts, max_tokens)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.limits import SIZES
 from engine.server.protocol import APIError
 
 logger = logging.getLogger("stallfree.server")
@@ -29,6 +30,20 @@ class ClientDisconnected(Exception):
     """The client went away before the response was ready."""
 
 
+def request_id_error(request_id: str) -> APIError | None:
+    """The 400 for a client's ``X-Request-Id`` that is too long or not printable ASCII (a control
+    character in a reflected header is invalid HTTP, and in a log line a forged entry), else None."""
+    size = SIZES["x-request-id"]
+    if len(request_id) > size.max_items:
+        problem = f"has {len(request_id):,} characters"
+    elif (bad := next((i for i, c in enumerate(request_id) if not " " <= c <= "~"), None)) is not None:
+        problem = f"has a character outside printable ASCII at index {bad}"
+    else:
+        return None
+    return APIError(400, f"X-Request-Id {problem}; send {size.describe()} or none", param="X-Request-Id",
+                    code="invalid_request_id")
+
+
 def needs_api_key(path: str, metrics_require_api_key: bool) -> bool:
     if path == "/metrics":
         return metrics_require_api_key
@@ -37,7 +52,8 @@ def needs_api_key(path: str, metrics_require_api_key: bool) -> bool:
 
 class RequestContextMiddleware:
     """Gives every request its id (``request.state.request_id``: the client's ``X-Request-Id`` as vLLM
-    takes it, else a new one; sent back as ``x-request-id``) and its arrival time
+    takes it, else a new one; sent back as ``x-request-id``; one too long or not printable ASCII gets a
+    400 under a new id) and its arrival time
     (``request.state.arrival_time``), enforces the API key, the body-size limit and the body-read
     timeout, and turns any unhandled exception into an OpenAI-style 500. HTTP metrics come from the
     prometheus-fastapi-instrumentator middleware around it."""
@@ -55,9 +71,12 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        request_id = headers.get("x-request-id", "").strip() or uuid.uuid4().hex
+        request_id = headers.get("x-request-id", "").strip()
+        bad_id = request_id_error(request_id) if request_id else None
+        if bad_id is not None or not request_id:  # a bad one is never echoed, stored or logged
+            request_id = uuid.uuid4().hex
         scope.setdefault("state", {}).update(request_id=request_id, arrival_time=time.time())
-        raw_request_id = request_id.encode("latin-1")  # Starlette decodes header values as latin-1
+        raw_request_id = request_id.encode("ascii")
         started = False
 
         async def send_with_id(message: Message) -> None:
@@ -68,7 +87,7 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            if (error := self._reject(scope, headers)) is not None:
+            if (error := bad_id or self._reject(scope, headers)) is not None:
                 await error.response()(scope, receive, send_with_id)
             else:
                 await self.app(scope, self._limited(receive), send_with_id)

@@ -34,7 +34,9 @@ class EngineDead(RuntimeError):
 
 
 class EngineFailed(RuntimeError):
-    """engine.step raised while the request was in the engine; the request was dropped."""
+    """engine.step raised while the request was in the engine and the request was dropped: the step
+    failed on this request alone (the engine ended it), or it raised outside the runner (every request
+    in the engine is failed)."""
 
 
 class QueueFull(RuntimeError):
@@ -223,21 +225,33 @@ class EngineLoop:
         self.history.extend(records)
         self.metrics.batch_history_records.set(len(self.history))
         batches: dict[Submission, list[tuple[int, RequestOutput]]] = {}
+        failed: dict[Submission, EngineFailed] = {}
         for out in outputs:
-            self.metrics.observe_output(out)
             route = self._routes.pop(out.request_id) if out.finished else self._routes.get(out.request_id)
+            if out.error is not None:  # the step failed on this request alone; the others carried on
+                self.metrics.observe_finished(out, "error")
+                if route is not None:
+                    failed[route[0]] = EngineFailed(f"the engine failed on this request: {out.error}")
+                continue
+            self.metrics.observe_output(out)
             if route is not None:
                 batches.setdefault(route[0], []).append((route[1], out))
         for sub, batch in batches.items():
-            self._deliver(sub, batch)
+            if sub not in failed:
+                self._deliver(sub, batch)
+        for sub, error in failed.items():
+            self._fail(sub, error)
 
     def _fail_all(self, error: Exception) -> None:
-        subs = {sub for sub, _ in self._routes.values()}
-        for rid in list(self._routes):
-            self.engine.abort(rid)
-        self._routes.clear()
-        for sub in subs:
-            self._deliver(sub, error)
+        for sub in {sub for sub, _ in self._routes.values()}:
+            self._fail(sub, error)
+
+    def _fail(self, sub: Submission, error: Exception) -> None:
+        """End a submission with ``error``, aborting its other engine requests (other prompts)."""
+        for rid in sub.request_ids:
+            if self._routes.pop(rid, None):
+                self.engine.abort(rid)
+        self._deliver(sub, error)
 
     def _deliver(self, sub: Submission, item: object) -> None:
         try:

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from engine import BatchRecord, RequestOutput
 
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
@@ -122,10 +122,10 @@ class ServerMetrics:
             self.observe_finished(out, out.finish_reason)
 
     def observe_finished(self, out: RequestOutput, reason: str) -> None:
-        """A request's end: its finish reason, and (unless aborted) the per-request histograms."""
+        """A request's end: its finish reason, and (unless aborted or failed) the per-request histograms."""
         self.finished[reason].inc()
         m = out.metrics
-        if reason == "abort" or m.finish_time is None:
+        if reason in ("abort", "error") or m.finish_time is None:
             return
         self.e2e.observe(m.finish_time - m.arrival_time)
         self.request_prompt_tokens.observe(len(out.prompt_token_ids))

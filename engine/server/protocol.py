@@ -1,11 +1,13 @@
 """OpenAI-compatible request models and the OpenAI-style error body of the server."""
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -17,15 +19,38 @@ from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
 from engine import first_lone_surrogate
+from engine.limits import RANGES, SIZES, short_repr
 
-MAX_PROMPTS_PER_REQUEST = 256
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256  # the per-token stop-string check is quadratic in this
+MAX_PROMPTS_PER_REQUEST = SIZES["prompt"].max_items
+MAX_STOP_STRINGS = SIZES["stop"].max_items
+MAX_STOP_STRING_CHARS = SIZES["stop_string"].max_items
+
+
+def bounded(kind: type, name: str) -> Any:
+    """``kind`` (int or float), checked against ``engine.limits.RANGES[name]`` (a 400 naming the field)."""
+    limit = RANGES[name]
+
+    def in_range(value: int | float) -> int | float:
+        if value not in limit:
+            raise PydanticCustomError("out_of_range", "must be {range}", {"range": limit.describe()})
+        return value
+
+    return Annotated[kind, AfterValidator(in_range)]
+
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 Prompt = str | TokenIds | list[str] | list[TokenIds]
 StopStrings = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]],
                         Field(max_length=MAX_STOP_STRINGS)]
+StopTokenIds = Annotated[list[bounded(int, "stop_token_ids")], Field(max_length=SIZES["stop_token_ids"].max_items)]
+LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,19}$")], bounded(float, "logit_bias")],
+                      Field(max_length=SIZES["logit_bias"].max_items)]
+# Fields the server checks but does not implement: any other value than these is a 400 naming the field.
+NOT_SUPPORTED: dict[str, tuple] = {
+    "min_p": (None, 0), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None,),
+    "echo": (False,),
+}
 
 
 class APIError(HTTPException):
@@ -80,15 +105,21 @@ class StreamOptions(_Model):
 
 class _GenerationRequest(_Model):
     model: str | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=-1)] = -1
-    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
+    temperature: bounded(float, "temperature") = 1.0
+    top_p: bounded(float, "top_p") = 1.0
+    top_k: bounded(int, "top_k") = -1
+    seed: bounded(int, "seed") | None = None
     ignore_eos: bool = False
     stop: StopStrings | None = None
-    n: Literal[1] = 1
+    stop_token_ids: StopTokenIds | None = None
+    n: bounded(int, "n") = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    min_p: bounded(float, "min_p") | None = None
+    presence_penalty: bounded(float, "presence_penalty") | None = None
+    frequency_penalty: bounded(float, "frequency_penalty") | None = None
+    repetition_penalty: bounded(float, "repetition_penalty") | None = None
+    logit_bias: LogitBias | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -99,10 +130,20 @@ class _GenerationRequest(_Model):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def check_supported(self) -> None:
+        """A 400 naming the first field set to a value this server does not implement (NOT_SUPPORTED)."""
+        for name, accepted in NOT_SUPPORTED.items():
+            if name in type(self).model_fields and (value := getattr(self, name)) not in accepted:
+                shown = " or ".join(json.dumps(a) for a in accepted)
+                raise APIError(400, f"{name}: {short_repr(value)} is not supported by this server (only {shown})",
+                               param=name, code="unsupported_parameter")
+
 
 class CompletionRequest(_GenerationRequest):
     prompt: Prompt
-    max_tokens: Annotated[int, Field(ge=1)] = 16
+    max_tokens: bounded(int, "max_tokens") = 16
+    logprobs: bounded(int, "logprobs") | None = None
+    echo: bool = False
 
     @field_validator("prompt", mode="wrap")
     @classmethod
@@ -136,8 +177,10 @@ class ChatMessage(_Model):
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None  # default: the rest of the context window
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: bounded(int, "max_tokens") | None = None  # default: the rest of the context window
+    max_completion_tokens: bounded(int, "max_tokens") | None = None
+    logprobs: bool = False
+    top_logprobs: bounded(int, "top_logprobs") | None = None
 
 
 class TokenizeRequest(_Model):

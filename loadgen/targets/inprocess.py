@@ -51,7 +51,8 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
 
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
     * ``timeout_s``: a request still unfinished this long after its arrival is aborted with status
-      ``timeout``; a request the engine rejects becomes an ``error`` record.
+      ``timeout``; a request the engine rejects, or ends because a step failed on it, becomes an
+      ``error`` record (the others run on).
     * ``progress(record)`` is called as each request ends.
     """
     from engine import SamplingParams
@@ -88,8 +89,9 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
     while in_flight:
         before, iterations = engine.clock(), len(engine.batch_records)
         for out in engine.step():
-            if out.finished:
-                done(out.request_id, "ok", None, out.metrics.finish_time, out.metrics)
+            if out.finished:  # "error": the engine ended this request alone (its step failed on it)
+                status, error = ("error", f"failed in the engine: {out.error}") if out.error else ("ok", None)
+                done(out.request_id, status, error, out.metrics.finish_time, out.metrics)
         if timeout_s is not None:
             deadline = engine.clock() - timeout_s
             while by_arrival and by_arrival[0][0] < deadline:

@@ -7,6 +7,7 @@ import pytest
 
 from engine import LLM
 from engine.server import ServerConfig, start_server
+from tests.fakes.poisoned_runner import PoisonedRunner
 
 ENGINE = {"model": "tiny", "dtype": "float32", "scheduler": "sarathi", "chunk_size": 512, "num_blocks": 2048}
 PROMPT = "the quick brown fox jumps over the lazy dog"
@@ -31,6 +32,16 @@ def keyed_server():
 @pytest.fixture(scope="package")
 def small_queue_server():
     with start_server({**ENGINE, "max_num_seqs": 2}, ServerConfig(port=0, max_waiting=2)) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="package")
+def poisoned_server():
+    """A server whose runner fails every step holding a request with seed POISON_SEED (the FAKE fault of
+    tests/fakes/poisoned_runner.py): the engine must end only those requests."""
+    with start_server(ENGINE) as handle:
+        engine = handle.state.engine_loop.engine
+        engine.runner = PoisonedRunner(engine.runner)  # before any request: the engine thread is idle
         yield handle
 
 

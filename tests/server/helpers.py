@@ -71,6 +71,23 @@ async def stream_completion(client: httpx.AsyncClient, body: dict, cut_after: in
     return {"tokens": tokens, "done": done, "final": final}
 
 
+async def stream_tokens(client: httpx.AsyncClient, body: dict) -> list[int]:
+    """The token ids of a completion stream that must succeed: fails on an error event or a missing
+    [DONE]."""
+    tokens, done = [], False
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                tokens += [t for c in chunk["choices"] for t in c["token_ids"]]
+    assert done
+    return tokens
+
+
 def random_stream_bodies(n: int, seed: int, max_tokens: tuple[int, int]) -> list[dict]:
     rng = random.Random(seed)
     return [{"prompt": [rng.randrange(3, 2048) for _ in range(rng.randint(4, 60))],

@@ -41,7 +41,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": ""}, 400, "empty_prompt", "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "empty_prompt", "prompt"),
     ("/v1/completions", {"prompt": ["ok", ""]}, 400, "empty_prompt", "prompt"),
-    ("/v1/completions", {"prompt": [5, 99999]}, 400, "invalid_value", None),
+    ("/v1/completions", {"prompt": [5, 99999]}, 400, "invalid_value", "prompt"),
     ("/v1/completions", OK | {"model": "gpt-4"}, 404, "model_not_found", "model"),
     ("/v1/completions", OK | {"max_tokens": 0}, 400, "invalid_value", "max_tokens"),
     ("/v1/completions", OK | {"max_tokens": -5}, 400, "invalid_value", "max_tokens"),

@@ -1,6 +1,8 @@
-"""Fuzzing the OpenAI endpoints with hypothesis: JSON bodies of random shapes (near-valid ones too) and
-strings with lone surrogates. No response may be a 5xx, every error has the OpenAI error body, every
-stream ends with [DONE], and the server still serves afterwards."""
+"""Fuzzing the OpenAI endpoints with hypothesis: JSON bodies of random shapes (near-valid ones too),
+strings with lone surrogates, and valid bodies with every field's out-of-range values
+(tests/server/hostile.py: integers beyond int64, NaN and infinities, negatives, huge lists and strings).
+No response may be a 5xx, every error has the OpenAI error body, every stream ends with [DONE], and the
+server still serves afterwards."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.server.helpers import is_openai_error
+from tests.server.hostile import HUGE, hostile_requests
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -20,8 +23,8 @@ FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
 texts = st.text(st.characters(codec=None, categories=None), max_size=12) | \
     st.text(st.sampled_from(["a", " ", "\ud800", "\udfff", "\udbff", "\udc00", "é", "\x00", "😀"]), max_size=6)
 # Integers are small (a valid max_tokens stays quick) or out of every range.
-ints = st.integers(-3, 8) | st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1, 10**30])
-leaves = st.none() | st.booleans() | ints | st.floats(allow_nan=False, allow_subnormal=False) | texts
+ints = st.integers(-3, 8) | st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1, 10**30, HUGE, -HUGE])
+leaves = st.none() | st.booleans() | ints | st.floats(allow_subnormal=False) | texts  # NaN, inf: JSON NaN, Infinity
 json_values = st.recursive(leaves, lambda children: st.lists(children, max_size=4)
                            | st.dictionaries(texts, children, max_size=4), max_leaves=12)
 token_ids = st.lists(st.integers(-2, 2100), max_size=6)
@@ -34,7 +37,10 @@ valid_sampling = {"temperature": st.floats(0, 2, allow_subnormal=False),
                   "top_p": st.floats(0.01, 1), "top_k": st.integers(-1, 50),
                   "seed": st.integers(0, 2**32), "stop": st.lists(texts, max_size=2), "stream": st.booleans(),
                   "ignore_eos": st.booleans(), "model": st.just("tiny"),
-                  "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()})}
+                  "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+                  "stop_token_ids": st.lists(st.integers(0, 2**63 - 1), max_size=3), "n": st.just(1),
+                  "min_p": st.just(0), "presence_penalty": st.just(0.0), "frequency_penalty": st.just(0),
+                  "repetition_penalty": st.just(1), "logit_bias": st.just({})}
 random_sampling = {key: json_values for key in valid_sampling}
 
 
@@ -47,8 +53,10 @@ def bodies(required: dict[str, st.SearchStrategy]) -> st.SearchStrategy:
     return near_valid | random_fields | json_values
 
 
-completion_bodies = bodies({"prompt": prompts})
-chat_bodies = bodies({"messages": messages})
+completion_bodies = bodies({"prompt": prompts}) | hostile_requests.filter(lambda pb: pb[0] == "/v1/completions").map(
+    lambda pb: pb[1])
+chat_bodies = bodies({"messages": messages}) | hostile_requests.filter(lambda pb: pb[0] != "/v1/completions").map(
+    lambda pb: pb[1])
 tokenize_bodies = st.fixed_dictionaries({}, optional={"prompt": prompts, "messages": messages,
                                                       "add_special_tokens": st.booleans() | json_values})
 

@@ -1,10 +1,12 @@
-"""Hostile input: lone surrogates, protocol errors, slow clients, the bounded batch history, and a
-checkpoint without a tokenizer. None of it may get a 5xx or hold a connection."""
+"""Hostile input: lone surrogates, protocol errors, slow clients, the bounded batch history, a
+checkpoint without a tokenizer and bad X-Request-Id headers: none of it may get a 5xx or hold a
+connection. And a request the engine fails on: it alone gets a 500 naming its cause."""
 from __future__ import annotations
 
 import asyncio
 import json
 import shutil
+import socket
 import time
 from dataclasses import fields
 
@@ -16,7 +18,15 @@ from engine.model.presets import resolve_model_path
 from engine.server import ServerConfig, start_server
 from engine.server.history import BatchHistory
 from tests.server.conftest import ENGINE
-from tests.server.helpers import async_client, is_openai_error, raw_exchange
+from tests.server.helpers import (
+    async_client,
+    greedy,
+    is_openai_error,
+    metric,
+    raw_exchange,
+    stream_tokens,
+    wait_idle,
+)
 
 # -- lone surrogates -------------------------------------------------------------------------------
 
@@ -166,3 +176,64 @@ def test_no_tokenizer_serves_token_ids_with_empty_text(no_tokenizer_server):
             assert error.status_code == 400 and error.json()["error"]["param"] == param
             assert error.json()["error"]["code"] == "no_tokenizer" and str(path) in error.json()["error"]["message"]
         assert http.post("/tokenize", json={"prompt": [1, 2]}).status_code == 400  # /tokenize takes text only
+
+
+# -- X-Request-Id ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("request_id", [b"evil\x1b[31m", b"a\x00b", b"x" * 129, b"caf\xe9", b"\x7f", b"tab\there"])
+def test_a_bad_request_id_is_refused_and_never_echoed_or_logged(server, request_id, caplog):
+    body = b'{"prompt": "hi", "max_tokens": 1}'
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+               b"X-Request-Id: " + request_id + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level("DEBUG"), socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        response = b""
+        while chunk := sock.recv(65536):
+            response += chunk
+    head, _, payload = response.partition(b"\r\n\r\n")
+    error = json.loads(payload)["error"]
+    # h11 itself refuses some control characters (NUL) before the app sees the request
+    assert head.split()[1] == b"400" and error["code"] in ("invalid_request_id", "invalid_http_request")
+    assert request_id not in response
+    if b"x-request-id:" in head.lower():
+        echoed = head.lower().split(b"x-request-id: ")[1].split(b"\r\n")[0]
+        assert len(echoed) == 32 and all(c in b"0123456789abcdef" for c in echoed)
+    assert all(request_id.decode("latin-1") not in record.getMessage() for record in caplog.records)
+
+
+def test_a_good_request_id_is_echoed(http):
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"X-Request-Id": "my id-42"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "my id-42" and r.json()["id"] == "cmpl-my id-42"
+    long = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}, headers={"X-Request-Id": "r" * 200})
+    assert long.status_code == 400 and long.json()["error"]["code"] == "invalid_request_id"
+    assert long.headers["x-request-id"] != "r" * 200 and "r" * 129 not in long.text
+
+
+# -- a request the engine fails on -----------------------------------------------------------------
+
+
+def test_a_prompt_the_engine_fails_on_fails_its_request_alone(poisoned_server, llm):
+    from tests.fakes.poisoned_runner import POISON_SEED
+
+    _, reference = greedy(llm, [21, 22, 23], 16)
+    with httpx.Client(base_url=poisoned_server.url, timeout=60, trust_env=False) as client:
+        async def run():
+            async with async_client(poisoned_server.url) as aclient:
+                good = asyncio.ensure_future(stream_tokens(aclient, {
+                    "prompt": [21, 22, 23], "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                    "stream": True}))
+                bad = await aclient.post("/v1/completions", headers={"X-Request-Id": "two-prompts"}, json={
+                    "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 30, "seed": POISON_SEED, "temperature": 0})
+                return bad, await good
+
+        bad, tokens = asyncio.run(run())
+        error = bad.json()["error"]
+        assert (bad.status_code, error["code"], error["type"]) == (500, "engine_error", "server_error")
+        assert "the engine failed on this request: Poisoned: poisoned request two-prompts-" in error["message"]
+        assert tokens == reference
+        m = wait_idle(poisoned_server.url)
+        assert metric(m, "vllm:kv_cache_usage_perc") == 0 and metric(m, "vllm:request_success_total",
+                                                                   finished_reason="error") >= 1
+        assert client.get("/health").status_code == 200
