@@ -12,7 +12,7 @@ from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.attention import SDPAAttention, TritonAttention, make_attention_backend
 from engine.runner.batch_prep import prepare_host_batch, to_device
 from engine.scheduler.output import ScheduledUnit
-from tests.engine.helpers import make_prompts, run_staggered
+from tests.engine.helpers import TRITON_DTYPES, make_prompts, run_staggered
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 40
@@ -20,12 +20,6 @@ MIXED = [(0, 1, False), (16, 1, False), (40, 1, False),  # (context, new tokens,
          (0, 20, True), (33, 18, True), (47, 1, True), (5, 40, True)]
 DECODES = [(0, 1, False), (14, 1, False), (15, 1, False), (16, 1, False), (99, 1, False), (299, 1, False)]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-def dtypes() -> list:
-    bf16_on_cuda = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="bf16 tl.dot is wrong under the Triton 3.9 interpreter"))
-    return [torch.float32, torch.float16, bf16_on_cuda]
 
 
 def batch(shapes, seed: int, num_blocks: int = NUM_BLOCKS) -> list[ScheduledUnit]:
@@ -75,7 +69,7 @@ def test_triton_matches_sdpa_on_a_mixed_batch(triton_device, num_heads, num_kv_h
     compare_with_sdpa(attn, batch(MIXED, seed=num_heads), triton_device, torch.float32)
 
 
-@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
 @pytest.mark.parametrize("tile_n", [32, 64])
 def test_cuda_tile_shapes_gqa_4_to_1_head_dim_128(triton_device, tile_n, dtype):
     """The shapes CUDA runs (keys per tile 32 or 64, a 4:1 GQA group, head_dim 128), on prefill chunks
@@ -86,7 +80,7 @@ def test_cuda_tile_shapes_gqa_4_to_1_head_dim_128(triton_device, tile_n, dtype):
     compare_with_sdpa(attn, batch(MIXED, seed=tile_n), triton_device, dtype)
 
 
-@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
 @pytest.mark.parametrize(("tile_n", "num_segments"), [(16, 16), (32, 4)])
 def test_split_kv_decode_matches_sdpa(triton_device, tile_n, num_segments, dtype):
     """Decode-only steps of few sequences split each sequence's keys into segments (some of them empty:
