@@ -10,9 +10,16 @@ import copy
 import pytest
 import torch
 
+from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.model.llama import ApplyRotary, RMSNorm, RotaryEmbedding, SiluAndMul
-from engine.model.triton_ops import TritonApplyRotary, TritonRMSNorm, TritonSiluAndMul, use_triton_ops
-from tests.engine.helpers import TRITON_DTYPES
+from engine.model.triton_ops import (
+    TRITON_MODULES,
+    TritonApplyRotary,
+    TritonRMSNorm,
+    TritonSiluAndMul,
+    use_triton_ops,
+)
+from tests.engine.helpers import TRITON_DTYPES, make_prompts, run_staggered
 
 
 def exact(dtype: torch.dtype) -> dict:
@@ -83,3 +90,22 @@ def test_use_triton_ops_swaps_every_module_in_place():
     use_triton_ops(layers)
     assert [type(m) for m in layers] == [TritonRMSNorm, TritonApplyRotary, TritonSiluAndMul, torch.nn.Linear]
     assert layers[0].weight is weight
+
+
+def test_engine_with_triton_attention_and_layer_ops_matches_sdpa_token_for_token(triton_device, tiny_path):
+    """The CUDA serving path's kernels together (fp32): triton attention and every layer op in Triton."""
+    prompts = make_prompts(3, seed=4, max_len=30)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for backend in ("sdpa", "triton"):
+        engine = LLMEngine(EngineConfig.from_kwargs(
+            model=str(tiny_path), dtype="float32", device=triton_device.type, attention_backend=backend,
+            scheduler="sarathi", chunk_size=16, num_blocks=32))
+        if backend == "triton":  # on the CPU the loader put in the native ops: replace them (CUDA loads these)
+            for module in engine.runner.model.modules():
+                for base, fused in TRITON_MODULES.items():
+                    if isinstance(module, base):
+                        module.__class__ = fused
+            assert isinstance(engine.runner.model.layers[0].mlp.act, TritonSiluAndMul)
+        outputs[backend] = run_staggered(engine, prompts, max_tokens=5, params=params)
+    assert outputs["triton"] == outputs["sdpa"]
