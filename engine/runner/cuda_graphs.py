@@ -88,6 +88,7 @@ class DecodeGraphs:
         self.replays: Counter[int] = Counter()  # replays per bucket
         self.capture_seconds = 0.0
 
+    @torch.inference_mode()  # as the steps that replay them: no autograd state recorded into the graphs
     def capture_all(self) -> None:
         """Capture every bucket's graph, largest first (the smaller ones then fit in its pool memory)."""
         start = time.perf_counter()
