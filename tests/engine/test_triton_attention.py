@@ -92,14 +92,13 @@ def test_split_kv_decode_matches_sdpa(triton_device, tile_n, num_segments, dtype
     compare_with_sdpa(attn, units, triton_device, dtype, num_blocks=64)
 
 
-def test_split_kv_only_for_decode_only_steps_below_the_threshold():
+def test_split_kv_only_for_decode_only_steps_below_the_threshold(triton_device):
     attn = TritonAttention(num_heads=8, num_kv_heads=2, head_dim=64, scale=0.125, dtype=torch.float32,
                            split_kv_below=8)
-    cpu = torch.device("cpu")
-    meta_of = lambda shapes: to_device(prepare_host_batch(batch(shapes, 0), BLOCK_SIZE), cpu)[2]  # noqa: E731
-    assert attn.uses_split_kv(meta_of(DECODES[:3]), cpu)  # 3 sequences x 2 KV heads < 8
-    assert not attn.uses_split_kv(meta_of(DECODES[:4]), cpu)  # 8 programs fill the "device"
-    assert not attn.uses_split_kv(meta_of([(0, 1, False), (0, 5, True)]), cpu)  # a prefill chunk: never split
+    meta_of = lambda shapes: to_device(prepare_host_batch(batch(shapes, 0), BLOCK_SIZE), triton_device)[2]  # noqa: E731
+    assert attn.uses_split_kv(meta_of(DECODES[:3]), triton_device)  # 3 sequences x 2 KV heads < 8
+    assert not attn.uses_split_kv(meta_of(DECODES[:4]), triton_device)  # 8 programs fill the "device"
+    assert not attn.uses_split_kv(meta_of([(0, 1, False), (0, 5, True)]), triton_device)  # a prefill: never split
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU registry rule; on CUDA triton always runs")
