@@ -112,7 +112,7 @@ def test_registry_takes_triton_on_cpu_only_under_the_interpreter(triton_device, 
         make_attention_backend("triton", cpu, torch.float32, **dims)
 
 
-@pytest.mark.parametrize("split_kv", [False, True])
+@pytest.mark.parametrize("split_kv", [False, pytest.param(True, marks=pytest.mark.slow)])  # ~10-30 s each
 def test_engine_with_triton_matches_sdpa_token_for_token(triton_device, tiny_path, monkeypatch, split_kv):
     prompts = make_prompts(4, seed=1, max_len=40)
     outputs = {}

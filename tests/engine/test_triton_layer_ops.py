@@ -92,6 +92,7 @@ def test_use_triton_ops_swaps_every_module_in_place():
     assert layers[0].weight is weight
 
 
+@pytest.mark.slow  # 8-15 s under the interpreter
 def test_engine_with_triton_attention_and_layer_ops_matches_sdpa_token_for_token(triton_device, tiny_path):
     """The CUDA serving path's kernels together (fp32): triton attention and every layer op in Triton."""
     prompts = make_prompts(3, seed=4, max_len=30)
