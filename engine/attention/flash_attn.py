@@ -2,19 +2,37 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
-from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention.metadata import AttentionMetadata
 
+log = logging.getLogger(__name__)
+
+
+def flash_attn_import_error() -> str | None:
+    """Why ``flash_attn`` cannot be imported here (not installed, or built against another torch: an
+    undefined symbol), or None when it imports. A real import, not a package lookup: a flash-attn that
+    is present but broken must make ``auto`` fall back, not fail at startup."""
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except Exception as e:  # ImportError, OSError from a mismatched build, ...
+        return f"{type(e).__name__}: {e}"
+    return None
+
 
 def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this backend can run here: a CUDA device, fp16/bf16, and the flash-attn package installed."""
-    return (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-            and importlib.util.find_spec("flash_attn") is not None)
+    """Whether this backend can run here: a CUDA device, fp16/bf16, and a flash-attn that imports."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if (error := flash_attn_import_error()) is not None:
+        if importlib.util.find_spec("flash_attn") is not None:
+            log.warning("flash-attn is installed but does not import (%s); not using it", error)
+        return False
+    return True
 
 
 class FlashAttention:
@@ -25,8 +43,11 @@ class FlashAttention:
     ``[total_k, Hkv, D]`` tensor (a single ``index_select``) and runs ONE varlen call for decodes and
     prefill chunks together. Why gather instead of passing ``block_table``: the gather works for any
     ``block_size``, whereas flash-attn's own paged path needs the page size to be a multiple of 256.
-    With ``causal=True`` flash-attn (>= 2.1) aligns the mask bottom-right, so a chunk sees its whole
-    context plus the causal part of itself, and a decode (1 query) sees all its keys. GQA is native.
+    The gather costs a copy of every sequence's K/V per layer; the slots are computed once per batch
+    from host-known sizes, without a host sync. With ``causal=True`` flash-attn (>= 2.1) aligns the mask
+    bottom-right, so a chunk sees its whole context plus the causal part of itself, and a decode (1 query)
+    sees all its keys. GQA is native. Not graph-safe (the packed sizes change every step): ``auto``
+    prefers ``triton`` on CUDA, and the runner logs that graphs are off when this backend is chosen.
 
     ``varlen_func`` replaces ``flash_attn.flash_attn_varlen_func`` (tests pass a torch reference).
     """
@@ -34,11 +55,11 @@ class FlashAttention:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  varlen_func: Callable[..., torch.Tensor] | None = None):
         if varlen_func is None:
-            try:
-                from flash_attn import flash_attn_varlen_func
-            except ImportError as e:
-                raise ValueError("model.attention_backend='flash_attn' needs the flash-attn package "
-                                 "(pip install flash-attn) and a CUDA device; use 'sdpa' otherwise") from e
+            if (error := flash_attn_import_error()) is not None:
+                raise ValueError(f"model.attention_backend='flash_attn' needs the flash-attn package built for this "
+                                 f"torch (pip install flash-attn) and a CUDA device ({error}); use 'triton' or "
+                                 "'sdpa' otherwise")
+            from flash_attn import flash_attn_varlen_func
             varlen_func = flash_attn_varlen_func
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.varlen_func = varlen_func
@@ -65,29 +86,14 @@ class FlashAttention:
         return out.reshape(q.shape[0], -1)
 
     def _varlen_layout(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> tuple:
-        """Packed key slots, cu_seqlens and max lengths; computed once per batch (one host sync), not per layer."""
-        slots, seqlens_k = self._packed_slots(meta, block_size, device)
-        seqlens_q = [1] * meta.num_decodes + [p.num_tokens for p in meta.prefills]
-        cu_seqlens_q = torch.tensor([0, *accumulate(seqlens_q)], dtype=torch.int32, device=device)
-        cu_seqlens_k = F.pad(seqlens_k.cumsum(0), (1, 0)).to(torch.int32)
-        return slots, cu_seqlens_q, cu_seqlens_k, max(seqlens_q), int(seqlens_k.max())
-
-    @staticmethod
-    def _packed_slots(meta: AttentionMetadata, block_size: int,
-                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cache slots of every sequence's keys, concatenated in batch order, and each sequence's key count."""
-        offsets = torch.arange(block_size, device=device)
-        parts: list[torch.Tensor] = []
-        lens: list[torch.Tensor] = []
-        if meta.num_decodes:
-            tables, seq_lens = meta.decode_block_tables, meta.decode_seq_lens
-            grid = (tables.unsqueeze(-1) * block_size + offsets).flatten(1)  # [nd, max_blocks * block_size]
-            parts.append(grid[torch.arange(grid.shape[1], device=device) < seq_lens.unsqueeze(1)])
-            lens.append(seq_lens)
-        for p in meta.prefills:
-            total = p.context_len + p.num_tokens
-            table = p.block_table[:-(-total // block_size)]
-            parts.append((table.unsqueeze(-1) * block_size + offsets).flatten()[:total])
-        if meta.prefills:
-            lens.append(torch.tensor([p.context_len + p.num_tokens for p in meta.prefills], device=device))
-        return torch.cat(parts), torch.cat(lens)
+        """Packed key slots, cu_seqlens and max lengths, computed once per batch (not per layer) from the
+        unified batch fields; every size comes from the host (no ``.item()``, no boolean-mask index), so
+        building them never waits for the device."""
+        seq_lens = meta.seq_lens
+        cu_seqlens_k = F.pad(seq_lens.cumsum(0), (1, 0))
+        seq_of_key = torch.repeat_interleave(torch.arange(seq_lens.shape[0], device=device), seq_lens,
+                                             output_size=meta.num_kv_tokens)
+        position = torch.arange(meta.num_kv_tokens, device=device) - cu_seqlens_k[seq_of_key]
+        slots = meta.block_tables[seq_of_key, position // block_size] * block_size + position % block_size
+        return (slots, meta.query_start_loc.to(torch.int32), cu_seqlens_k.to(torch.int32), meta.max_query_len,
+                meta.max_seq_len)

@@ -31,6 +31,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int64, padded with block 0
     max_query_len: int = 0
     max_seq_len: int = 0
+    num_kv_tokens: int = 0  # sum of seq_lens (host int)
 
 
 def bottom_right_causal_mask(num_queries: int, num_keys: int, device) -> torch.Tensor:

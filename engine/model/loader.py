@@ -10,6 +10,7 @@ from engine.model.arch import ArchConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.native_ops import can_use_native_ops, use_native_ops
 from engine.model.packed_linear import can_pack, pack_linears
+from engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
 FUSED_PARTS = {
@@ -92,4 +93,6 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
         pack_linears(model)
     if can_use_native_ops(device, dtype):
         use_native_ops(model)
+    if can_use_triton_ops(device):
+        use_triton_ops(model)
     return model

@@ -69,5 +69,6 @@ def to_device(batch: HostBatch, device: torch.device) -> tuple[torch.Tensor, tor
         decode_block_tables=tables[:nd, :int(batch.num_blocks[:nd].max())] if nd else None,
         decode_seq_lens=seq_lens[:nd] if nd else None,
         query_start_loc=query_start_loc, seq_lens=seq_lens, block_tables=tables,
-        max_query_len=int(num_new.max(initial=0)), max_seq_len=int(batch.seq_lens.max(initial=0)))
+        max_query_len=int(num_new.max(initial=0)), max_seq_len=int(batch.seq_lens.max(initial=0)),
+        num_kv_tokens=int(batch.seq_lens.sum()))
     return input_ids, positions, meta, logits_indices

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import sys
+from itertools import accumulate
 
 import pytest
 import torch
@@ -63,11 +64,27 @@ def _mixed_batch(gen: torch.Generator):
         slot_mapping += slots(table, range(ctx, ctx + n))
         prefill_seqs.append(PrefillSeq(start, n, ctx, table))
         start += n
-    width = max(len(t) for t in tables[:len(decode_lens)])
-    decode_tables = torch.stack([torch.cat([t, t.new_zeros(width - len(t))]) for t in tables[:len(decode_lens)]])
-    return AttentionMetadata(slot_mapping=torch.tensor(slot_mapping), num_decodes=len(decode_lens),
-                             decode_block_tables=decode_tables, decode_seq_lens=torch.tensor(decode_lens),
-                             prefills=prefill_seqs)
+    return batch_metadata(torch.tensor(slot_mapping), tables[:len(decode_lens)], decode_lens, prefill_seqs)
+
+
+def padded(tables: list[torch.Tensor]) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    return torch.stack([torch.cat([t, t.new_zeros(width - len(t))]) for t in tables])
+
+
+def batch_metadata(slot_mapping, decode_tables: list[torch.Tensor], decode_lens: list[int],
+                   prefills: list[PrefillSeq]) -> AttentionMetadata:
+    """Both views of one batch, as ``to_device`` builds them: the decode/prefill fields and the unified
+    list of sequences (decodes first) that flash_attn reads."""
+    seq_lens = decode_lens + [p.context_len + p.num_tokens for p in prefills]
+    query_lens = [1] * len(decode_lens) + [p.num_tokens for p in prefills]
+    return AttentionMetadata(
+        slot_mapping=slot_mapping, num_decodes=len(decode_lens),
+        decode_block_tables=padded(decode_tables) if decode_tables else None,
+        decode_seq_lens=torch.tensor(decode_lens) if decode_lens else None, prefills=prefills,
+        query_start_loc=torch.tensor([0, *accumulate(query_lens)]), seq_lens=torch.tensor(seq_lens),
+        block_tables=padded(decode_tables + [p.block_table for p in prefills]), max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), num_kv_tokens=sum(seq_lens))
 
 
 def test_flash_matches_sdpa_on_mixed_gqa_batch():
@@ -125,11 +142,11 @@ def test_flash_prefill_only_and_decode_only():
     gen = torch.Generator().manual_seed(1)
     full = _mixed_batch(gen)
     nd = full.num_decodes
-    prefill_only = AttentionMetadata(full.slot_mapping[nd:], 0, None, None,
-                                     [PrefillSeq(p.start - nd, p.num_tokens, p.context_len, p.block_table)
-                                      for p in full.prefills])
-    decode_only = AttentionMetadata(full.slot_mapping[:nd], nd, full.decode_block_tables,
-                                    full.decode_seq_lens, [])
+    prefill_only = batch_metadata(full.slot_mapping[nd:], [], [],
+                                  [PrefillSeq(p.start - nd, p.num_tokens, p.context_len, p.block_table)
+                                   for p in full.prefills])
+    decode_only = batch_metadata(full.slot_mapping[:nd], list(full.decode_block_tables), full.decode_seq_lens.tolist(),
+                                 [])
     for meta in (prefill_only, decode_only):
         t = meta.slot_mapping.numel()
         q, k, v = (torch.randn(t, h, D, generator=gen) for h in (H, HKV, HKV))
@@ -151,3 +168,57 @@ def test_missing_flash_attn_package_raises(monkeypatch):
     with pytest.raises(ValueError, match="flash-attn"):
         FlashAttention(H, HKV, D, SCALE)
     assert flash_attn_available(torch.device("cuda"), torch.bfloat16) is False
+
+
+def test_varlen_layout_never_waits_for_the_device():
+    """No op that needs a device value on the host (``.item()``/``int()`` -> _local_scalar_dense, a
+    boolean-mask index -> nonzero): on CUDA either would sync every step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RecordOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    meta = _mixed_batch(torch.Generator().manual_seed(2))
+    flash = FlashAttention(H, HKV, D, SCALE, varlen_func=reference_flash_attn_varlen_func)
+    with RecordOps() as recorder:
+        slots, *_ = flash._varlen_layout(meta, BLOCK_SIZE, torch.device("cpu"))
+    assert recorder.ops and not [op for op in recorder.ops if op.startswith(("_local_scalar_dense", "nonzero"))]
+    assert slots.numel() == meta.num_kv_tokens == 40
+
+
+@pytest.fixture
+def broken_flash_attn(tmp_path, monkeypatch):
+    """A flash_attn package that is installed but fails to import, as one built against another torch does."""
+    package = tmp_path / "flash_attn"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        'raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+
+
+def test_a_broken_flash_attn_makes_auto_fall_back_with_a_warning(broken_flash_attn, monkeypatch, caplog):
+    import engine.attention as attention
+    cuda = torch.device("cuda")
+    assert flash_attn_available(cuda, torch.bfloat16) is False
+    assert "installed but does not import" in caplog.text and "undefined symbol" in caplog.text
+    monkeypatch.setattr(attention, "triton_available", lambda device: False)
+    assert attention.auto_backend(cuda, torch.bfloat16, head_dim=128) == "sdpa"
+    with pytest.raises(ValueError, match="undefined symbol"):  # chosen explicitly: a clear error
+        FlashAttention(H, HKV, D, SCALE)
+
+
+def test_auto_prefers_the_graph_safe_triton_backend_on_cuda(monkeypatch):
+    import engine.attention as attention
+    monkeypatch.setattr(attention, "flash_attn_available", lambda device, dtype: True)
+    monkeypatch.setattr(attention, "triton_available", lambda device: True)
+    assert attention.auto_backend(torch.device("cuda"), torch.bfloat16, head_dim=128) == "triton"
+    monkeypatch.setattr(attention, "triton_available", lambda device: False)
+    assert attention.auto_backend(torch.device("cuda"), torch.bfloat16, head_dim=128) == "flash_attn"
+    assert not getattr(FlashAttention, "cuda_graph_safe", False)

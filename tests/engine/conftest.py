@@ -1,0 +1,43 @@
+"""Fixtures of the engine tests."""
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+# Modules that define Triton kernels: ``@triton.jit`` reads TRITON_INTERPRET when a module is imported.
+TRITON_KERNEL_MODULES = ("engine.attention.triton_kernel", "engine.model.triton_layer_kernels")
+
+
+def import_triton_for_the_interpreter(monkeypatch) -> None:
+    """Import triton with TRITON_INTERPRET=1 on a machine without CUDA: ``triton.language``'s own jit
+    functions (``tl.sum``, ``tl.max``, ...) are defined at its import, and only interpreted ones run on
+    the CPU. Without CUDA no compiled Triton kernel can run in this process anyway."""
+    language = sys.modules.get("triton.language")
+    if language is None:
+        with monkeypatch.context() as m:
+            m.setenv("TRITON_INTERPRET", "1")
+            import triton.language as language
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(language.sum, InterpretedFunction):
+        pytest.fail("triton was imported without TRITON_INTERPRET=1 before this test: its interpreter "
+                    "cannot run here (import triton only inside the triton_device fixture)")
+
+
+@pytest.fixture
+def triton_device(monkeypatch):
+    """The device Triton kernels run on in this test: CUDA where there is one; else the CPU under Triton's
+    interpreter, with TRITON_INTERPRET=1 for this test only (the kernel modules are imported afresh under
+    it and dropped afterwards, so no other test sees interpreted kernels or the variable)."""
+    if importlib.util.find_spec("triton") is None:  # not importorskip: triton must not be imported yet
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available():
+        yield torch.device("cuda")
+        return
+    import_triton_for_the_interpreter(monkeypatch)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for name in TRITON_KERNEL_MODULES:
+        sys.modules.pop(name, None)
+    yield torch.device("cpu")
+    for name in TRITON_KERNEL_MODULES:
+        sys.modules.pop(name, None)

@@ -1,0 +1,49 @@
+"""benchmarks/gpu.py, the GPU's first-run acceptance script: its ``--smoke`` mode runs the same code path
+on the CPU (the full run needs a GPU), and its arithmetic on known figures."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu import parameter_counts
+from benchmarks.lib.gpu_checks import SMOKE_SHAPE, TARGETS, judge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_smoke_run_passes_on_cpu_and_writes_every_verdict(tmp_path):
+    out = tmp_path / "gpu_smoke.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--smoke", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["smoke"] and result["verdict"] == "PASS"
+    assert result["greedy_vs_hf"]["equal"] and result["greedy_vs_hf"]["prompts"] == 6
+    assert result["serving_path"]["attention_backend"] in ("CPUPagedAttention", "SDPAAttention")
+    assert [name for name, _, _ in TARGETS] == list(result["targets"])
+    assert {t["verdict"] for t in result["targets"].values()} <= {"PASS", "FAIL"}  # every figure measured
+    assert "greedy vs HF (fp32): PASS" in proc.stdout and "attention backend: " in proc.stdout
+
+
+def test_parameter_counts_match_the_hf_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.model.arch import ArchConfig
+    config = LlamaConfig(**SMOKE_SHAPE, tie_word_embeddings=False)
+    hf = LlamaForCausalLM(config)
+    linears = sum(p.numel() for n, p in hf.named_parameters() if "proj" in n)
+    cfg = ArchConfig.from_dict({**config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    assert parameter_counts(cfg) == (linears, hf.lm_head.weight.numel())
+
+
+def test_judge_gives_pass_fail_and_skip():
+    verdicts = judge({"decode_b1_ms": 5.9, "decode_b64_ms": 9.5, "prefill_512_mfu": 0.5,
+                      "offline_sarathi_over_hf_continuous_batching": None})
+    assert verdicts["decode_b1_ms"] == {"value": 5.9, "target": "<= 6.0", "verdict": "PASS"}
+    assert verdicts["decode_b64_ms"]["verdict"] == "FAIL"
+    assert verdicts["prefill_512_mfu"]["verdict"] == "PASS"  # the limit itself passes
+    assert verdicts["offline_sarathi_over_hf_continuous_batching"]["verdict"] == "SKIP"
+    assert verdicts["hybrid_over_prefill_512"]["verdict"] == "SKIP"
