@@ -6,6 +6,12 @@ import pytest
 
 # Presets are materialized once per machine; tests share the user's cache unless told otherwise.
 os.environ.setdefault("STALLFREE_CACHE", str(Path.home() / ".cache" / "stallfree"))
+# Torch imports triton.language by itself (at its own import, or at the first tensor made under a device
+# mode) where triton is installed, and only a triton.language imported under the interpreter can run the
+# kernel tests on a CPU. So on a machine with no NVIDIA device the interpreter is chosen here, before any
+# test imports torch; with a GPU nothing changes and the kernels are compiled (tests/engine/conftest.py).
+if not any(Path("/dev").glob("nvidia[0-9]*")):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,7 +21,7 @@ def import_triton_for_the_interpreter(monkeypatch) -> None:
     from triton.runtime.interpreter import InterpretedFunction
     if not isinstance(language.sum, InterpretedFunction):
         pytest.fail("triton was imported without TRITON_INTERPRET=1 before this test: its interpreter "
-                    "cannot run here (import triton only inside the triton_device fixture)")
+                    "cannot run here (tests/conftest.py sets it before torch is imported on a machine without a GPU)")
 
 
 @pytest.fixture
