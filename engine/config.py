@@ -18,6 +18,7 @@ class ModelConfig:
     cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
     tokenizer: str | None = None  # a tokenizer directory or preset name; None: the model directory's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
+    op_split_every: int = 0  # time linear layers and attention every Nth iteration (0: never; engine/utilization)
 
 
 @dataclass

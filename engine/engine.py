@@ -15,6 +15,7 @@ from engine.request import Request, RequestStatus, SamplingParams
 from engine.runner.factory import make_runner
 from engine.scheduler import make_scheduler
 from engine.tokenizer import first_lone_surrogate, load_tokenizer
+from engine.utilization import make_meter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -42,6 +43,7 @@ class LLMEngine:
         self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
                                               num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                                               eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+        self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
@@ -139,7 +141,8 @@ class LLMEngine:
             num_prefill_seqs=out.num_prefill_seqs, num_decode_seqs=out.num_decode_seqs,
             prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
-            num_waiting=self.num_waiting, num_running=self.num_running))
+            num_waiting=self.num_waiting, num_running=self.num_running,
+            **self.utilization.fields(out.units, end - start, getattr(self.runner, "last_operator_split", None))))
         return [self._output(request, request.output_token_ids[-1:]) for request in updated]
 
     def pop_batch_records(self) -> list[BatchRecord]:

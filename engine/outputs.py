@@ -33,3 +33,12 @@ class BatchRecord:
     num_kv_blocks_used: int
     num_waiting: int
     num_running: int
+    # Utilisation (engine/utilization): FLOPs and bytes counted from the shapes; MFU and MBU against this
+    # machine's limits (None when unknown); the operator split of sampled iterations (None otherwise).
+    model_flops: float = 0.0
+    bytes_moved: float = 0.0
+    mfu: float | None = None
+    mbu: float | None = None
+    linear_s: float | None = None
+    attention_s: float | None = None
+    other_s: float | None = None

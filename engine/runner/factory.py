@@ -33,7 +33,7 @@ def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model
                                       scale=arch.head_dim ** -0.5)
         runner = ModelRunner(model, attn, num_blocks, config.cache.block_size, dtype, device, mc.seed,
                              cuda_graphs=mc.cuda_graphs, max_num_seqs=config.scheduler.max_num_seqs,
-                             max_model_len=max_model_len)
+                             max_model_len=max_model_len, op_split_every=mc.op_split_every)
         return runner, WallClock()
     if mc.runner == "simulated":
         if mc.clock not in CLOCKS:
