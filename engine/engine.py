@@ -1,6 +1,7 @@
 """LLMEngine: requests in, one scheduled iteration per ``step()``, outputs and BatchRecords out."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -144,6 +145,18 @@ class LLMEngine:
             num_waiting=self.num_waiting, num_running=self.num_running,
             **self.utilization.fields(out.units, end - start, getattr(self.runner, "last_operator_split", None))))
         return [self._output(request, request.output_token_ids[-1:]) for request in updated]
+
+    def reconfigure_scheduler(self, **knobs) -> None:
+        """Replace the scheduler, while no request is unfinished, with one built from the scheduler config
+        with ``knobs`` changed (``policy``, ``chunk_size``, ``max_num_batched_tokens``, ...): studies that shape
+        iterations switch policies and token budgets on one loaded model (loadgen/studies)."""
+        if self.has_unfinished():
+            raise RuntimeError("reconfigure_scheduler needs an engine with no unfinished request")
+        knobs = {("policy" if key == "scheduler" else key): value for key, value in knobs.items()}
+        self.config = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, **knobs))
+        finished = self.scheduler.finished_request_ids  # not yet handed to the runner
+        self.scheduler = make_scheduler(self.config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
+        self.scheduler.finished_request_ids = finished
 
     def pop_batch_records(self) -> list[BatchRecord]:
         """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""
