@@ -18,10 +18,12 @@ from traitlets import default
 
 import analysis
 from analysis.load import load_runs
+from analysis.phases import find_phases
 from analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls"}
+PHASES = "phases"  # the characterisation studies: included when a phases.csv is there
 
 
 class ThisPythonKernelManager(AsyncKernelManager):
@@ -61,7 +63,7 @@ def execute_notebook(name: str, results_dir: str | Path, output_dir: str | Path,
 def refresh_notebooks() -> None:
     """Re-executes analysis/notebooks/*.ipynb in place on their default `results_dir`
     (results/example, the small checked-in set), so the notebooks in git carry real outputs."""
-    for name in SECTIONS:
+    for name in [*SECTIONS, PHASES]:
         _papermill(NOTEBOOK_DIR / f"{name}.ipynb", NOTEBOOK_DIR / f"{name}.ipynb", {})
 
 
@@ -83,13 +85,19 @@ def render_html(notebooks: list[Path], output: str | Path, title: str) -> Path:
 
 def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
                  relaxed_slo_tbt_ms: float | None = None, qps: float | None = None) -> Path:
-    """Executes every notebook of `SECTIONS` on RESULTS_DIR and writes RESULTS_DIR/report.html."""
+    """Executes every notebook of `SECTIONS` on RESULTS_DIR (when it holds runs) and the phases notebook (when
+    it holds a phases.csv), and writes RESULTS_DIR/report.html."""
     results_dir = Path(results_dir)
-    common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms,
-              "figures_dir": str((results_dir / "figures").resolve())}
+    figures_dir = str((results_dir / "figures").resolve())
+    common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms, "figures_dir": figures_dir}
     extra = {"stalls": {"qps": qps}}
+    phases_csv = find_phases(results_dir)
+    sections = list(SECTIONS) if phases_csv is None or not load_runs(results_dir).empty else []
     executed = [execute_notebook(name, results_dir, results_dir / "notebooks", **common,
-                                 **extra.get(name, {})) for name in SECTIONS]
+                                 **extra.get(name, {})) for name in sections]
+    if phases_csv is not None:
+        executed.append(execute_notebook(PHASES, phases_csv.parent, results_dir / "notebooks",
+                                         slo_tbt_ms=slo_tbt_ms, figures_dir=figures_dir))
     return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
 
 
