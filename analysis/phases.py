@@ -74,7 +74,8 @@ def chunking_overhead(frame: pd.DataFrame) -> pd.DataFrame:
     seconds = passes.groupby(["prompt_tokens", "chunk_size"]).iteration_s.median().reset_index()
     whole = seconds[seconds.prompt_tokens == seconds.chunk_size].set_index("prompt_tokens").iteration_s
     seconds["overhead"] = seconds.iteration_s / seconds.prompt_tokens.map(whole)
-    return seconds.pivot(index="prompt_tokens", columns="chunk_size", values="overhead")
+    grid = seconds.astype({"prompt_tokens": int, "chunk_size": int, "overhead": float})
+    return grid.pivot(index="prompt_tokens", columns="chunk_size", values="overhead")
 
 
 def token_budget(frame: pd.DataFrame, slo_tbt_ms: float, tile: int = DEFAULT_TILE) -> tuple[int, float] | None:

@@ -6,7 +6,9 @@ from pathlib import Path
 import nbformat
 
 FIGURES = {"pareto": ["pareto_p99_tbt.png", "pareto_p50_ttft.png", "pareto_p99_ttft.png"],
-           "capacity": ["capacity.png"], "stalls": ["stall_timeline.png"]}
+           "capacity": ["capacity.png"], "stalls": ["stall_timeline.png"],
+           "phases": ["phases_per_token.png", "phases_split.png", "phases_utilisation.png", "phases_chunking.png",
+                      "phases_tiles.png"]}
 
 
 def check_executed_notebook(report_dir: Path, name: str) -> None:
