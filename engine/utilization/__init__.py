@@ -3,7 +3,7 @@ limits (limits.py), and the sampled operator split (op_split.py). ``UtilizationM
 the MFU / MBU / split fields of its BatchRecord."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from engine.utilization.limits import MachineLimits, machine_limits
 from engine.utilization.op_split import OperatorSplit, SplitSampler
@@ -19,7 +19,7 @@ class UtilizationMeter:
     def __init__(self, counts: ModelCounts, limits: MachineLimits | None):
         self.counts, self.limits = counts, limits
 
-    def fields(self, units: Iterable, seconds: float, split: OperatorSplit | None) -> dict:
+    def fields(self, units: Sequence, seconds: float, split: OperatorSplit | None) -> dict:
         """The utilisation fields of a BatchRecord for an iteration of ``units`` that took ``seconds``."""
         work = self.counts.work(units)
         out = {"model_flops": work.flops, "bytes_moved": work.bytes_moved}

@@ -12,7 +12,7 @@ MFU = FLOPs / (iteration seconds x peak FLOP/s); MBU = bytes / (iteration second
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.model.arch import ArchConfig
@@ -43,11 +43,17 @@ class ModelCounts:
                    kv_bytes_per_token=2 * arch.num_layers * kv * dtype_bytes,
                    weight_bytes=(arch.num_layers * layer + lm_head) * dtype_bytes)
 
-    def work(self, units: Iterable) -> IterationWork:
-        """The work of an iteration's ``ScheduledUnit``s (anything with ``num_new_tokens``,
-        ``num_computed_tokens``, ``is_prefill`` and ``samples``)."""
-        tokens = sampled = pairs = kv_read = 0
-        for u in units:
+    def work(self, units: Sequence) -> IterationWork:
+        """The work of an iteration's ``ScheduledUnit``s, decodes first (anything with ``num_new_tokens``,
+        ``num_computed_tokens``, ``is_prefill`` and ``samples``). Decodes are summed in one pass (a decode is
+        one new token that samples, over its context): this runs every iteration."""
+        decodes = len(units)
+        while decodes and units[decodes - 1].is_prefill:
+            decodes -= 1
+        context = sum(u.num_computed_tokens for u in units[:decodes]) + decodes
+        tokens = sampled = decodes
+        pairs = kv_read = context
+        for u in units[decodes:]:
             new, cached = u.num_new_tokens, u.num_computed_tokens
             tokens += new
             sampled += u.samples
