@@ -40,11 +40,11 @@ def run_study(cfg: DictConfig) -> Path:
     """Run the study of ``cfg.study`` and write its rows; return phases.csv's path."""
     study = section(cfg, "study")
     check_study(study)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     engine = _engine_for(cfg)
     driver = IterationDriver(engine, study["warmup"], study["repeats"], seed=int(cfg.seed))
     rows = STUDIES[study["name"]](driver, study, lambda line: print(line, flush=True))
     path = write_rows(Path(cfg.results_dir) / cfg.experiment_name, study["name"], rows, run_info(cfg, engine))
     print(f"[study {study['name']}] {len(rows)} iterations measured in {time.monotonic() - started:.0f} s "
-          f"-> {path}", flush=True)
+          f"({time.process_time() - cpu:.0f} s of CPU) -> {path}", flush=True)
     return path
