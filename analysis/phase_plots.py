@@ -75,7 +75,7 @@ def utilisation_plot(frame: pd.DataFrame, save: str | Path | None = None) -> Fig
                         color=KIND_COLORS[kind], label=kind)
         for ax, name in zip(axes, ("MFU (% of matmul peak)", "MBU (% of memory bandwidth)"), strict=True):
             _log_scale(ax, "x")
-            ax.set_xlabel("Tokens in the iteration")
+            ax.set_xlabel("Tokens in the iteration (prefill + decode, log)")
             ax.set_ylabel(name)
             ax.set_ylim(bottom=0)
         axes[0].legend(frameon=False, title="iteration")

@@ -47,7 +47,7 @@ def shape_medians(frame: pd.DataFrame, kind: str, by: list[str]) -> pd.DataFrame
 
 def split_medians(frame: pd.DataFrame) -> pd.DataFrame:
     """The operator split (median seconds of the sampled iterations) per decode batch, prefill size and hybrid."""
-    rows = frame[frame.kind.isin(["decode", "prefill", "hybrid"])].copy()
+    rows = frame[frame.kind.isin(["decode", "prefill", "hybrid"])].astype({part: float for part in SPLIT})
     rows["shape"] = np.select(
         [rows.kind == "decode", rows.kind == "prefill"],
         ["decode x" + rows.batch_size.astype(str), "prefill " + rows.prefill_tokens.astype(str)],

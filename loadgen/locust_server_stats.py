@@ -60,7 +60,8 @@ class ServerUtilisation:
         self.last = sample or self.last
 
     def columns(self, window: str) -> dict[str, float | str]:
-        """MFU % and MBU % of a window (its name as in the LLM tab's rows); "" without iterations."""
+        """MFU % and MBU % of a window (its name as in the LLM tab's rows; 3 significant digits); "" without
+        iterations."""
         sums = self.windows.get(window, {})
-        return {f"{key}_pct": round(100 * sums[f"{key}_sum"] / sums[f"{key}_count"], 2)
+        return {f"{key}_pct": float(f"{100 * sums[f'{key}_sum'] / sums[f'{key}_count']:.3g}")
                 if sums.get(f"{key}_count") else "" for key in SERIES}

@@ -83,3 +83,18 @@ def test_report_includes_phases_notebook(tmp_path, tiny_path):
     check_executed_notebook(tmp_path, "phases")
     html = report.read_text()
     assert "Prefill, decode and hybrid iterations" in html and "Pareto" not in html  # no runs: no run sections
+
+
+def test_figures_name_model_device_and_units(frame):
+    from analysis import phase_plots
+
+    tiles = pd.DataFrame([row("tile", 0.05 + 0.01 * (n > 256), prefill=n, chunk=n) for n in (255, 256, 257)])
+    frame = pd.concat([frame, tiles], ignore_index=True)
+    for plot in (phase_plots.per_token_plot, phase_plots.split_plot, phase_plots.utilisation_plot,
+                 phase_plots.chunking_plot, phase_plots.tiles_plot):
+        fig = plot(frame)
+        titles = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes)]
+        assert any("hand on test cpu (bfloat16)" in t for t in titles), plot.__name__
+        axes = [ax for ax in fig.axes if ax.get_xlabel()]  # a colour bar has no x label
+        assert axes and all("(" in ax.get_xlabel() for ax in axes), plot.__name__
+        assert any("(" in ax.get_ylabel() for ax in axes), plot.__name__
