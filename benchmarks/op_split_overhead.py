@@ -1,66 +1,53 @@
-"""What the sampled operator split costs (model.op_split_every, engine/utilization/op_split.py).
+"""What the sampled operator split costs (model.op_split_every, engine/utilization/op_split.py), measured so
+that a loaded machine hurts it least: one engine with the split on every other iteration runs each shape
+(decode-only batches of 1 and 32 at context 256, a 512-token prefill-only iteration) many times in a row, so
+sampled and unsampled iterations of the same shape interleave. Per shape:
 
-The offline workload of engine_throughput.py (default 16 x 512 prompt / 64 output, ``small``, sarathi-512) on
-one engine, in alternating rounds with the split off and sampled every Nth iteration: the throughput ratio
-(target: sampling slows a run by < 2%). Also how far a sampled iteration's time (linear + attention + other)
-is from the median unsampled iteration of the same shape (decode-only iterations of the same batch size, and
-prefill-only chunks of the same size) in the sampled rounds (target: within 5%).
+* ``overhead``: the fastest sampled iteration over the fastest unsampled one, minus 1 (what the hooks add to
+  a sampled iteration; a run sampling every Nth iteration is slowed by about overhead / N);
+* ``sampled_over_unsampled``: the median sampled iteration's time (= linear + attention + other, by
+  construction) over the median unsampled one (target: within 5%).
 
-    python -m benchmarks.op_split_overhead [--every 16] [--rounds 3]
+    python -m benchmarks.op_split_overhead [--model small] [--repeats 20] [--every 16]
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-import time
 
-from benchmarks.engine_throughput import make_prompts, workload_parser, write_result
-from engine import LLM, SamplingParams
-
-
-def timed_run(llm: LLM, prompts: list[list[int]], max_tokens: int, every: int) -> tuple[float, list]:
-    llm.engine.runner.split_sampler.every = every
-    llm.engine.batch_records.clear()
-    start = time.perf_counter()
-    llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-    return len(prompts) * max_tokens / (time.perf_counter() - start), list(llm.engine.batch_records)
+from benchmarks.engine_throughput import write_result
+from engine import LLMEngine
+from loadgen.studies.driver import IterationDriver
 
 
-def split_vs_unsampled(records: list) -> list[float]:
-    """Per shape with both: median sampled iteration time / median unsampled iteration time."""
-    def shape(r):
-        return (r.num_prefill_tokens, r.num_decode_seqs, r.num_prefill_seqs)
-    ratios = []
-    for key in {shape(r) for r in records if r.linear_s is not None}:
-        same = [r for r in records if shape(r) == key]
-        sampled = [r.linear_s + r.attention_s + r.other_s for r in same if r.linear_s is not None]
-        plain = [r.end_time - r.start_time for r in same if r.linear_s is None]
-        if len(plain) >= 3:
-            ratios.append(statistics.median(sampled) / statistics.median(plain))
-    return ratios
+def compare(records: list) -> dict:
+    sampled = [r.end_time - r.start_time for r in records if r.linear_s is not None]
+    plain = [r.end_time - r.start_time for r in records if r.linear_s is None]
+    split = [(r.linear_s + r.attention_s + r.other_s) / (r.end_time - r.start_time) for r in records
+             if r.linear_s is not None]
+    return {"sampled": len(sampled), "unsampled": len(plain), "overhead": min(sampled) / min(plain) - 1,
+            "sampled_over_unsampled": statistics.median(sampled) / statistics.median(plain),
+            "split_sum_over_iteration": statistics.median(split),
+            "linear_share": statistics.median(r.linear_s / (r.end_time - r.start_time) for r in records
+                                              if r.linear_s is not None)}
 
 
 def main() -> None:
-    ap = workload_parser(__doc__, "benchmarks/results/op_split_overhead.json")
-    ap.set_defaults(num_requests=16, max_tokens=64)
-    ap.add_argument("--every", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--every", type=int, default=16, help="the sampling interval the run-level figure is for")
+    ap.add_argument("--out", default="benchmarks/results/op_split_overhead.json")
     args = ap.parse_args()
-    llm = LLM(args.model, scheduler="sarathi", chunk_size=512)
-    prompts = make_prompts(args.num_requests, args.prompt_len, llm.engine.vocab_size)
-    timed_run(llm, prompts[:2], 4, 0)  # warm-up
-    off, on, shapes = [], [], []
-    for r in range(args.rounds):
-        for every in ((0, args.every) if r % 2 == 0 else (args.every, 0)):
-            rate, records = timed_run(llm, prompts, args.max_tokens, every)
-            (on if every else off).append(rate)
-            if every:
-                shapes += split_vs_unsampled(records)
-    result = {"model": args.model, "every": args.every, "rounds": args.rounds, "num_requests": args.num_requests,
-              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "tok_s_off": off, "tok_s_sampled": on,
-              "slowdown": 1 - statistics.median(on) / statistics.median(off),
-              "sampled_over_unsampled_median": statistics.median(shapes) if shapes else None,
-              "sampled_over_unsampled_shapes": len(shapes),
-              "note": "measured on a shared machine: other processes load the CPU"}
+    engine = LLMEngine.from_kwargs(model=args.model, op_split_every=2)
+    driver = IterationDriver(engine, warmup=2, repeats=args.repeats)
+    shapes = {f"decode_b{b}": records for b, records in driver.decode_batches([1, 32], context=256).items()}
+    shapes["prefill_512"] = driver.prefill(512)
+    result: dict = {"model": args.model, "repeats": args.repeats, "every": args.every}
+    for name, records in shapes.items():
+        result[name] = compare(records)
+        result[name][f"run_slowdown_every_{args.every}"] = result[name]["overhead"] / args.every
+    result["note"] = "measured on a shared machine: other processes load the CPU (fastest-of and medians)"
     write_result(result, args.out)
 
 
