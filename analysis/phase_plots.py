@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from analysis.phases import SPLIT, chunking_overhead, shape_medians, split_medians, title
 from analysis.plots import KIND_COLORS, _finish, _log_scale, _message, _style
@@ -118,6 +119,7 @@ def tiles_plot(frame: pd.DataFrame, save: str | Path | None = None) -> Figure:
                 if part.chunk_size.min() <= boundary:
                     ax.axvline(boundary, color="0.5", ls=":", lw=1)
             ax.set_xlabel("Chunk size (tokens)")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes[0].set_ylabel("Iteration time (ms)")
         fig.suptitle(f"Tile steps (dotted: multiples of 128 tokens): {title(frame)}", fontsize=10)
         return _finish(fig, save)
