@@ -58,6 +58,14 @@ def split_medians(frame: pd.DataFrame) -> pd.DataFrame:
     return medians.assign(unsampled_s=medians["shape"].map(plain))
 
 
+def split_check(frame: pd.DataFrame) -> pd.DataFrame | str:
+    """split_medians with each shape's sampled sum over its unsampled median; a note when nothing was split."""
+    split = split_medians(frame)
+    if split.empty:
+        return "No sampled operator split (model.op_split_every = 0, or a runner without one)."
+    return split.assign(sum_over_unsampled=split[SPLIT].sum(axis=1) / split.unsampled_s).round(4)
+
+
 def hybrid_vs_prefill(frame: pd.DataFrame) -> pd.DataFrame:
     """Each hybrid (c - k prefill tokens + k decodes) against a prefill-only iteration of c tokens."""
     hybrid = shape_medians(frame, "hybrid", ["chunk_size", "decode_tokens"])

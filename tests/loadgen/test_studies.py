@@ -79,3 +79,14 @@ def test_studies_write_phases_csv(tmp_path, tiny_path):
     run("tiles", "study.chunk_sizes=[15]")  # a rerun replaces its own study's rows only
     again = pd.read_csv(path)
     assert len(again[again.study == "tiles"]) == 1 and len(again[again.study == "chunking"]) == 4
+
+
+def test_studies_run_unchanged_on_a_simulated_deployment(tmp_path):
+    """model=mistral7b_sim: the same presets on the simulated runner (virtual clock, a committed cost model)."""
+    cfg = compose("bench", ["+experiment=phases", "model=mistral7b_sim", f"results_dir={tmp_path}",
+                            "study.decode_batch_sizes=[1,8]", "study.prefill_sizes=[512,16384]",
+                            "study.hybrid_chunk_sizes=[512]", "study.hybrid_decodes=[4]"], job_name="test")
+    frame = pd.read_csv(run_study(OmegaConf.create(cfg)))
+    assert sorted(frame.kind.unique()) == ["decode", "hybrid", "prefill"]
+    assert sorted(frame[frame.kind == "prefill"].prefill_tokens.unique()) == [512, 8191]  # the shape's limit
+    assert (frame.iteration_s > 0).all() and (frame.model == "mistral-7b-shape").all()
