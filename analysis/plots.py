@@ -155,7 +155,9 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
     if runs.empty or followed.empty:
         return _message("No runs with per-token times to draw a stall timeline.", save)
     batches = batches[batches["run_id"].isin(runs["run_id"])]
-    labels = ["Tokens per iteration", "Iteration time (ms)", "TBT (ms)"][-1 if batches.empty else 0:]
+    utilisation = bool("mfu" in batches and batches["mfu"].notna().any())
+    labels = ["Tokens per iteration", "Iteration time (ms)", *(["MFU / MBU (%)"] * utilisation),
+              "TBT (ms)"][-1 if batches.empty else 0:]
     with _style():
         fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * len(labels) + 0.6), layout="constrained")
         axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False)
@@ -170,13 +172,15 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
             if pd.notna(lo):
                 col[-1].set_xlim(lo - t0, hi - t0)
             _tbt_panel(col[-1], run_followed, t0, slos or {})
-            if len(labels) == 3:
+            if len(labels) >= 3:
                 visible = (run_batches["end_time"] >= lo) & (run_batches["start_time"] <= hi)
                 _batch_panels(col, run_batches[visible], t0)
+                if utilisation:
+                    _utilisation_panel(col[2], run_batches[visible], t0)
         for ax, label in zip(axes[:, 0], labels, strict=True):
             ax.set_ylabel(label)
         _log_scale(axes[-1, 0], "y")
-        if len(labels) == 3:
+        if len(labels) >= 3:
             _log_scale(axes[1, 0], "y")
             axes[0, -1].legend(handles=[Patch(color=KIND_COLORS["prefill"], label="prefill tokens"),
                                         Patch(color=KIND_COLORS["decode"], label="decode tokens"),
@@ -201,8 +205,17 @@ def _tbt_panel(ax: Axes, followed: pd.DataFrame, t0: float, slos: Mapping[str, f
               frameon=False, fontsize=8, title_fontsize=8)
 
 
+def _utilisation_panel(ax: Axes, batches: pd.DataFrame, t0: float) -> None:
+    """Each iteration's MFU and MBU (%) as steps over its span."""
+    for metric, color in (("mfu", "#0173b2"), ("mbu", "#de8f05")):
+        ax.step(batches["start_time"] - t0, batches[metric] * 100, where="post", color=color, lw=1.2,
+                label=metric.upper())
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", frameon=False, fontsize=8, ncol=2)
+
+
 def _batch_panels(axes: np.ndarray, batches: pd.DataFrame, t0: float) -> None:
-    tokens_ax, time_ax, _ = axes
+    tokens_ax, time_ax = axes[:2]
     if batches.empty:
         for ax in (tokens_ax, time_ax):
             ax.text(0.5, 0.5, "no batch records for this run", ha="center", va="center",

@@ -19,6 +19,7 @@ from traitlets import default
 import analysis
 from analysis.load import load_runs
 from analysis.paper import capacity_table
+from analysis.phases import find_phases
 from analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
@@ -26,6 +27,7 @@ SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Gen
             "paper": "The Sarathi-Serve study on simulated GPU deployments"}
 OPTIONAL_SECTIONS = {"paper"}  # only for results that hold it (analysis.paper), and then alone
 GENERIC_SECTIONS = [name for name in SECTIONS if name not in OPTIONAL_SECTIONS]
+PHASES = "phases"  # the characterisation studies: included when a phases.csv is there
 
 
 class ThisPythonKernelManager(AsyncKernelManager):
@@ -65,7 +67,7 @@ def execute_notebook(name: str, results_dir: str | Path, output_dir: str | Path,
 def refresh_notebooks() -> None:
     """Re-executes analysis/notebooks/*.ipynb in place on their default `results_dir`
     (results/example, the small checked-in set), so the notebooks in git carry real outputs."""
-    for name in GENERIC_SECTIONS:
+    for name in [*GENERIC_SECTIONS, PHASES]:
         _papermill(NOTEBOOK_DIR / f"{name}.ipynb", NOTEBOOK_DIR / f"{name}.ipynb", {})
 
 
@@ -92,16 +94,24 @@ def has_section_data(name: str, results_dir: Path) -> bool:
 
 def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
                  relaxed_slo_tbt_ms: float | None = None, qps: float | None = None) -> Path:
-    """Executes every notebook of `SECTIONS` on RESULTS_DIR and writes RESULTS_DIR/report.html."""
+    """Executes every notebook of `SECTIONS` on RESULTS_DIR (when it holds runs) and the phases notebook (when
+    it holds a phases.csv), and writes RESULTS_DIR/report.html."""
     results_dir = Path(results_dir)
-    common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms,
-              "figures_dir": str((results_dir / "figures").resolve())}
+    figures_dir = str((results_dir / "figures").resolve())
+    common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms, "figures_dir": figures_dir}
     extra = {"stalls": {"qps": qps}}
     # The paper study's results mix deployments and traces, which the generic sections (one model and
     # workload, policies side by side) cannot tell apart: they get the paper section alone.
-    sections = ["paper"] if has_section_data("paper", results_dir) else GENERIC_SECTIONS
+    phases_csv = find_phases(results_dir)
+    if has_section_data("paper", results_dir):
+        sections = ["paper"]
+    else:
+        sections = GENERIC_SECTIONS if phases_csv is None or not load_runs(results_dir).empty else []
     executed = [execute_notebook(name, results_dir, results_dir / "notebooks", **common,
                                  **extra.get(name, {})) for name in sections]
+    if phases_csv is not None:
+        executed.append(execute_notebook(PHASES, phases_csv.parent, results_dir / "notebooks",
+                                         slo_tbt_ms=slo_tbt_ms, figures_dir=figures_dir))
     return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
 
 

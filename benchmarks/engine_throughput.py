@@ -2,7 +2,8 @@
 
 32 requests x 512 prompt / 128 output tokens (ignore_eos) on preset ``small`` by default. Also reports
 decode step time at batch 1 and 32, prefill tokens/s of a 512-token chunk, and each as a fraction of
-this machine's measured limits (matmul FLOP/s in the run's dtype; weight bytes / memory bandwidth).
+this machine's measured limits (matmul FLOP/s in the run's dtype; weight bytes / memory bandwidth), which
+it also caches for the engine's MFU / MBU (engine/utilization/limits.py).
 
     python benchmarks/engine_throughput.py [--model small] [--out benchmarks/results/engine_throughput.json]
 """
@@ -18,37 +19,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.model.arch import ArchConfig
-from engine.model.packed_linear import PackedLinear, can_pack
 from engine.model.presets import resolve_model_path
-
-
-def best_rate(work: float, fn, trials: int = 5, repeats: int = 5, clock=time.perf_counter) -> float:
-    """``work`` units per second of ``fn``, the best of several trials: a machine limit is a maximum,
-    and a shared VM's noise only ever lowers a trial."""
-    fn()
-    best = 0.0
-    for _ in range(trials):
-        start = clock()
-        for _ in range(repeats):
-            fn()
-        best = max(best, work * repeats / (clock() - start))
-    return best
-
-
-def measure_matmul_flops(dtype: torch.dtype, n: int = 2048, clock=time.perf_counter) -> float:
-    """The best of PyTorch's default matmul and, where the engine uses it, oneDNN with a packed weight."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    best = best_rate(2 * n**3, lambda: a @ b, clock=clock)
-    if can_pack(torch.device("cpu"), dtype):
-        packed = PackedLinear(torch.nn.Linear(n, n, bias=False, dtype=dtype))
-        best = max(best, best_rate(2 * n**3, lambda: packed(a), clock=clock))
-    return best
-
-
-def measure_bandwidth(num_bytes: int = 1 << 30) -> float:
-    src = torch.empty(num_bytes // 4, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
-    return best_rate(2 * num_bytes, lambda: dst.copy_(src), repeats=2)  # read + write
+from engine.utilization import machine_limits
 
 
 def linear_param_counts(arch: ArchConfig) -> tuple[int, int]:
@@ -120,8 +92,8 @@ def main() -> None:
     result: dict = {"model": args.model, "dtype": args.dtype, "num_requests": args.num_requests,
                     "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "threads": args.threads}
 
-    result["matmul_flops"] = measure_matmul_flops(torch_dtype)
-    result["memory_bandwidth_bytes_s"] = measure_bandwidth()
+    limits = machine_limits(torch.device("cpu"), torch_dtype, refresh=True)  # measured now; cached for MFU / MBU
+    result["matmul_flops"], result["memory_bandwidth_bytes_s"] = limits.peak_flops, limits.bandwidth
 
     tput_sarathi, llm = run_engine(args.model, "sarathi", prompts, args.max_tokens, args.dtype, chunk_size=512)
     result["engine_sarathi_tok_s"] = tput_sarathi

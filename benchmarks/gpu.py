@@ -34,6 +34,8 @@ from benchmarks.lib.gpu_checks import CHECK_SHAPE, SMOKE_SHAPE, greedy_check, ju
 from engine import LLM, SamplingParams
 from engine.model.presets import SHAPE_PRESETS
 from engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from engine.utilization import machine_limits
+from engine.utilization.limits import measure_bandwidth, measure_matmul_flops
 
 MISTRAL_7B = SHAPE_PRESETS["mistral-7b-shape"]
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
@@ -64,15 +66,14 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def machine_limits(device: torch.device, smoke: bool) -> dict:
-    n = 1024 if smoke else 8192
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
-    matmul_s = timed(lambda: a @ b, device, repeats=3 if smoke else 20)
-    src = torch.ones((1 << 24 if smoke else 1 << 30) // 4, device=device)
-    dst = torch.empty_like(src)
-    copy_s = timed(lambda: dst.copy_(src), device, repeats=3 if smoke else 20)
-    return {"matmul_tflops": 2 * n ** 3 / matmul_s / 1e12, "copy_gb_s": 2 * src.numel() * 4 / copy_s / 1e9}
+def limits_figures(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict:
+    """The machine limits (engine/utilization/limits.py; a full run refreshes the engine's cached figures)."""
+    if smoke:
+        flops, bandwidth = measure_matmul_flops(dtype, device, n=1024), measure_bandwidth(device, 1 << 24)
+    else:
+        limits = machine_limits(device, dtype, refresh=True)
+        flops, bandwidth = limits.peak_flops, limits.bandwidth
+    return {"matmul_tflops": flops / 1e12, "copy_gb_s": bandwidth / 1e9}
 
 
 def engine_kwargs(device: torch.device, dtype: torch.dtype) -> dict:
@@ -243,7 +244,7 @@ def main() -> None:
                                                        dict(check, dtype="bfloat16"))
         stage("greedy_vs_hf")
         release(device)
-        result["limits"] = machine_limits(device, args.smoke)
+        result["limits"] = limits_figures(device, dtype, args.smoke)
         stage("limits")
         path = write_checkpoint(shape, Path(tmp) / "model", device, dtype)
         stage("checkpoint")

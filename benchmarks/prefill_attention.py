@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from benchmarks.engine_throughput import linear_param_counts, measure_matmul_flops, write_result
+from benchmarks.engine_throughput import linear_param_counts, write_result
 from engine.attention import make_attention_backend
 from engine.model.arch import ArchConfig
 from engine.model.loader import load_model
@@ -29,6 +29,7 @@ from engine.model.presets import resolve_model_path
 from engine.request import SamplingParams
 from engine.runner.batch_prep import prepare_host_batch, to_device
 from engine.scheduler.output import ScheduledUnit
+from engine.utilization.limits import measure_matmul_flops
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 12, 4, 64, 16
 CASES = {  # name: [(queries, context) per sequence]

@@ -20,6 +20,7 @@ class ModelConfig:
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
     # simulated: a GPU deployment (engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
     deployment: dict | None = None
+    op_split_every: int = 0  # time linear layers and attention every Nth iteration (0: never; engine/utilization)
 
 
 @dataclass

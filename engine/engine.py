@@ -20,6 +20,7 @@ from engine.runner.isolation import execute_isolating
 from engine.scheduler import make_scheduler
 from engine.scheduler.output import SchedulerOutput
 from engine.tokenizer import first_lone_surrogate, load_tokenizer
+from engine.utilization import make_meter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
@@ -69,6 +70,7 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = getattr(self.runner, "reads_block_tables", True)
+        self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
@@ -202,7 +204,20 @@ class LLMEngine:
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
             num_waiting=self.num_waiting, num_running=self.num_running,
             stage_busy_s=list(timing.stage_busy_s) if timing else [],
-            stage_idle_s=list(timing.stage_idle_s) if timing else []))
+            stage_idle_s=list(timing.stage_idle_s) if timing else [],
+            **self.utilization.fields(out.units, end - start, getattr(self.runner, "last_operator_split", None))))
+
+    def reconfigure_scheduler(self, **knobs) -> None:
+        """Replace the scheduler, while no request is unfinished, with one built from the scheduler config
+        with ``knobs`` changed (``policy``, ``chunk_size``, ``max_num_batched_tokens``, ...): studies that shape
+        iterations switch policies and token budgets on one loaded model (loadgen/studies)."""
+        if self.has_unfinished():
+            raise RuntimeError("reconfigure_scheduler needs an engine with no unfinished request")
+        knobs = {("policy" if key == "scheduler" else key): value for key, value in knobs.items()}
+        self.config = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, **knobs))
+        finished = self.scheduler.finished_request_ids  # not yet handed to the runner
+        self.scheduler = make_scheduler(self.config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
+        self.scheduler.finished_request_ids = finished
 
     def pop_batch_records(self) -> list[BatchRecord]:
         """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""

@@ -72,6 +72,8 @@ def check_model_group(model: Mapping) -> None:
     tokenizer = model.get("tokenizer")
     require(tokenizer is None or (isinstance(tokenizer, str) and bool(tokenizer)), "model.tokenizer",
             "a tokenizer directory, a preset name or null", tokenizer)
+    every = model.get("op_split_every", 0)
+    require(is_int(every) and every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", every)
     for key in ("skip_tokenizer_init", "cuda_graphs"):
         require(isinstance(model.get(key, False), bool), f"model.{key}", "true or false", model.get(key))
 
@@ -91,7 +93,8 @@ def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: in
                   max_num_batched_tokens=scheduler["max_num_batched_tokens"],
                   tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser()),
                   skip_tokenizer_init=model.get("skip_tokenizer_init", False),
-                  deployment=model.get("deployment"))
+                  deployment=model.get("deployment"),
+                  op_split_every=model.get("op_split_every", 0))
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         require(is_int(kwargs[key]) and kwargs[key] >= 1, f"scheduler.{key}", "an integer >= 1", kwargs[key])
     if chunk_size is not None:

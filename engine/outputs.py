@@ -37,3 +37,11 @@ class BatchRecord:
     # A simulated deployment's pipeline stages (engine/simulator/pipeline.py); empty for other runners.
     stage_busy_s: list[float] = field(default_factory=list)  # each stage's busy time on this micro-batch
     stage_idle_s: list[float] = field(default_factory=list)  # each stage's idle time (bubble) right before it
+    # Utilisation (engine/utilization): counted from the shapes, against this machine's limits.
+    model_flops: float = 0.0  # the iteration's model FLOPs (linear layers and attention)
+    bytes_moved: float = 0.0  # weights read, KV read and written
+    mfu: float | None = None  # model FLOPs / (time x peak FLOP/s); None when the limits are unknown
+    mbu: float | None = None  # bytes moved / (time x memory bandwidth); None when the limits are unknown
+    linear_s: float | None = None  # the operator split of a sampled iteration (model.op_split_every); else None
+    attention_s: float | None = None
+    other_s: float | None = None

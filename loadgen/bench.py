@@ -24,6 +24,7 @@ from loadgen.capacity import run_search
 from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, exit_on_config_error, validate_cli
 from loadgen.live_target import LiveTarget
 from loadgen.runner import run_repeats
+from loadgen.studies import run_study
 
 PROG = "stallfree-bench"
 
@@ -42,6 +43,8 @@ def _app(cfg: DictConfig) -> None:
         check(cfg)
         if cfg.mode == "capacity":
             run_search(cfg, _targets)
+        elif cfg.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
+            run_study(cfg)
         else:
             run_repeats(cfg, _targets)
 

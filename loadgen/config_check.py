@@ -18,7 +18,7 @@ from engine.hydra_groups import CONF_DIR, ConfigError, check_model_group, is_int
 from loadgen.metrics import parse_goodput
 
 CONFIG_NAME = "bench"
-MODES = ("run", "capacity")
+MODES = ("run", "capacity", "study")
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
 
 

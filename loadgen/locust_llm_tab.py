@@ -22,6 +22,8 @@ from locust.web import WebUI
 
 from loadgen.locust_llm_events import LiveEvents
 from loadgen.locust_llm_stats import LLMStats, SLOBounds
+from loadgen.locust_server_stats import COLUMNS as SERVER_COLUMNS
+from loadgen.locust_server_stats import ServerUtilisation
 
 TAB = "llm"
 REPORT_KEY = "stallfree_llm"  # a worker's events in its stats report
@@ -37,7 +39,7 @@ def _columns(slo: SLOBounds) -> dict[str, str]:
             "output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "TTFT p50 (ms)",
             "ttft_p99_ms": "TTFT p99 (ms)", "tbt_p50_ms": "TBT p50 (ms)", "tbt_p99_ms": "TBT p99 (ms)",
             "slo_met_pct": f"SLO met % ({', '.join(bounds)})" if bounds else "ok % (no SLO given)",
-            "late": "late sends"}
+            "late": "late sends", **SERVER_COLUMNS}
 
 
 def install(environment: Environment, live: LiveEvents, slo: SLOBounds) -> None:
@@ -65,8 +67,20 @@ def install(environment: Environment, live: LiveEvents, slo: SLOBounds) -> None:
                 refresh()
                 gevent.sleep(DRAIN_INTERVAL_S)
         gevent.spawn(drain_forever)
-    events.test_start.add_listener(lambda **_: stats.reset(time.time()))
-    events.reset_stats.add_listener(lambda **_: stats.reset(time.time()))
+    server = ServerUtilisation(environment.host or "", getattr(environment.parsed_options, "api_key", None))
+
+    def restart(**_) -> None:
+        now = time.time()
+        stats.reset(now)
+        server.reset(now)
+    events.test_start.add_listener(restart)
+    events.reset_stats.add_listener(restart)
+    if environment.host:
+        def poll_server() -> None:  # the engine's MFU / MBU per window (the target's /metrics)
+            while True:
+                server.poll()
+                gevent.sleep(DRAIN_INTERVAL_S)
+        gevent.spawn(poll_server)
 
     def write_csv(environment: Environment, **_) -> None:
         if prefix := environment.parsed_options.csv_prefix:
@@ -75,10 +89,11 @@ def install(environment: Environment, live: LiveEvents, slo: SLOBounds) -> None:
                 f.write(stats.csv_text())
     events.quitting.add_listener(write_csv)
     if environment.web_ui is not None:
-        _extend_web_ui(environment.web_ui, stats, refresh, environment.parsed_options.web_base_path)
+        _extend_web_ui(environment.web_ui, stats, refresh, environment.parsed_options.web_base_path, server)
 
 
-def _extend_web_ui(web_ui: WebUI, stats: LLMStats, refresh: Callable[[], None], base_path: str) -> None:
+def _extend_web_ui(web_ui: WebUI, stats: LLMStats, refresh: Callable[[], None], base_path: str,
+                   server: ServerUtilisation) -> None:
     columns = _columns(stats.slo)
     web_ui.template_args.update({
         "extended_tabs": [{"title": "LLM", "key": TAB}],
@@ -90,7 +105,7 @@ def _extend_web_ui(web_ui: WebUI, stats: LLMStats, refresh: Callable[[], None], 
     def add_llm_rows(response: Response) -> Response:
         if request.path.endswith("/stats/requests") and response.is_json:
             refresh()
-            rows = [{k: row[k] for k in columns} for row in stats.rows()]
+            rows = [{k: {**row, **server.columns(row["name"])}[k] for k in columns} for row in stats.rows()]
             response.set_data(json.dumps({**response.get_json(), "extended_stats": [{"key": TAB, "data": rows}]}))
         return response
 

@@ -47,7 +47,8 @@ def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model
         runner = ModelRunner(model, attn, num_blocks, config.cache.block_size, dtype, device, mc.seed,
                              cuda_graphs=mc.cuda_graphs, max_num_seqs=config.scheduler.max_num_seqs,
                              max_model_len=max_model_len, max_num_batched_tokens=max_tokens_per_iteration(config),
-                             gpu_memory_utilization=config.cache.gpu_memory_utilization, memory=memory)
+                             gpu_memory_utilization=config.cache.gpu_memory_utilization, memory=memory,
+                             op_split_every=mc.op_split_every)
         return runner, WallClock()
     if mc.runner == "simulated":
         if mc.clock not in CLOCKS:

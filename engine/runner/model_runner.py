@@ -22,6 +22,7 @@ from engine.runner.memory import (
 )
 from engine.runner.sampler import sample
 from engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from engine.utilization import OperatorSplit, SplitSampler
 
 log = logging.getLogger(__name__)
 WARM_UP_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)
@@ -30,6 +31,8 @@ WARM_UP_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)
 class ModelRunner:
     """``cuda_graphs``: replay decode-only steps from CUDA graphs (CUDA with a graph-safe attention backend
     only; ``max_num_seqs`` sizes the largest one; ``new_graph`` replaces CUDA graphs, for tests on CPU).
+    ``op_split_every``: time the linear layers and attention of every Nth iteration (``last_operator_split``;
+    0: never).
 
     ``num_blocks=None``: size the KV cache from measured device memory (``engine/runner/memory.py``), with
     ``memory`` = the probe and its baseline taken before the weights were loaded, after a warm-up pass of
@@ -38,7 +41,8 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, attn_backend, num_blocks: int | None, block_size: int,
                  dtype: torch.dtype, device: torch.device, seed: int, *, cuda_graphs: bool, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int = 0, gpu_memory_utilization: float | None = None,
-                 memory: tuple[MemoryProbe, Baseline] | None = None, new_graph: Callable[[], Graph] | None = None):
+                 memory: tuple[MemoryProbe, Baseline] | None = None, new_graph: Callable[[], Graph] | None = None,
+                 op_split_every: int = 0):
         self.model, self.attn_backend, self.block_size, self.device = model, attn_backend, block_size, device
         self.dtype, self.max_model_len = dtype, max_model_len
         graph_safe = getattr(attn_backend, "cuda_graph_safe", False)
@@ -58,6 +62,8 @@ class ModelRunner:
         self.default_generator = torch.Generator(device=device).manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}  # requests with their own sampling seed
         self.decode_graphs = None
+        self.split_sampler = SplitSampler(model, device, op_split_every)
+        self.last_operator_split: OperatorSplit | None = None  # of the last iteration, when it was sampled
         if use_graphs:
             self.decode_graphs = DecodeGraphs(model, attn_backend, self.kv_caches, max_num_seqs=max_num_seqs,
                                               max_blocks_per_seq=-(-max_model_len // block_size),
@@ -74,13 +80,17 @@ class ModelRunner:
         host = prepare_host_batch(units, self.block_size)
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
         decode_only = host.num_decodes == len(units)
+        split = None
         if decode_only and self.decode_graphs and self.decode_graphs.fits(len(units), host.block_tables.shape[1]):
-            logits = self.decode_graphs.run(input_ids, positions, meta)
+            logits = self.decode_graphs.run(input_ids, positions, meta)  # a graph replay is never split
         else:
-            logits = self.model(input_ids, positions, self.attn_backend, self.kv_caches, meta, logits_indices)
+            split = self.split_sampler.next(self.attn_backend)
+            backend = self.attn_backend if split is None else split.backend
+            logits = self.model(input_ids, positions, backend, self.kv_caches, meta, logits_indices)
         sampling = [u for u in units if u.samples]
         tokens = sample(logits, [u.sampling_params for u in sampling],
                         [self._generator(u.request_id, u.sampling_params) for u in sampling])
+        self.last_operator_split = None if split is None else split.finish()
         return {u.request_id: t for u, t in zip(sampling, tokens.tolist(), strict=True)}  # one device->host copy
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:

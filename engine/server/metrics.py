@@ -15,6 +15,7 @@ TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+UTILISATION_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def buckets_1_2_5(max_value: int) -> list[int]:
@@ -86,6 +87,14 @@ class ServerMetrics:
         self.iteration_decode_tokens = child(Counter(
             "stallfree:iteration_decode_tokens", "Decode tokens computed by engine iterations.", labels,
             registry=r))
+        # Per-iteration utilisation (engine/utilization; BatchRecord.mfu / .mbu): the mean over a window is
+        # the increase of _sum over the increase of _count (the Locust LLM tab reads them so).
+        self.iteration_mfu = child(Histogram(
+            "stallfree:iteration_mfu", "Model FLOPs utilisation of each engine iteration (0-1).", labels,
+            buckets=UTILISATION_BUCKETS, registry=r))
+        self.iteration_mbu = child(Histogram(
+            "stallfree:iteration_mbu", "Model bandwidth utilisation of each engine iteration (0-1).", labels,
+            buckets=UTILISATION_BUCKETS, registry=r))
         self.engine_errors = child(Counter("stallfree:engine_step_errors", "Exceptions raised by engine.step.",
                                            labels, registry=r))
         self.batch_history_records = child(Gauge(
@@ -107,6 +116,9 @@ class ServerMetrics:
         self.iteration_prefill_tokens.inc(record.num_prefill_tokens)
         self.iteration_decode_tokens.inc(record.num_decode_tokens)
         self.preemptions.inc(record.num_preemptions)
+        if record.mfu is not None:
+            self.iteration_mfu.observe(record.mfu)
+            self.iteration_mbu.observe(record.mbu)
 
     def observe_output(self, out: RequestOutput) -> None:
         """One step's output of a request (one new token)."""

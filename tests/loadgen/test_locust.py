@@ -270,7 +270,7 @@ def test_web_ui_llm_tab_shows_live_token_statistics(tiny_url):
             page.get_by_role("tab", name="LLM").click()
             page.get_by_role("cell", name="whole run", exact=True).wait_for(timeout=30_000)
             deadline = time.monotonic() + 60
-            while float((run := table_rows(page)["whole run"])["ended/s"] or 0) == 0:
+            while float((run := table_rows(page)["whole run"])["ended/s"] or 0) == 0 or not run["MFU %"]:
                 assert time.monotonic() < deadline, run
                 page.wait_for_timeout(500)
             windows = [name for name in table_rows(page) if name != "whole run"]
@@ -280,6 +280,7 @@ def test_web_ui_llm_tab_shows_live_token_statistics(tiny_url):
             assert 0 < values["TTFT p50 (ms)"] <= values["TTFT p99 (ms)"]
             assert 0 < values["TBT p50 (ms)"] <= values["TBT p99 (ms)"]
             assert values["SLO met % (TBT ≤ 1000 ms)"] > 0  # conf/slo/relaxed.yaml: 25 x 40 ms
+            assert 0 < values["MFU %"] < 100 and 0 < values["MBU %"] < 100  # the server's, from its /metrics
             browser.close()
         csv_lines = httpx.get(f"{web}/llm_stats/csv", trust_env=False).text.splitlines()
         assert csv_lines[0].startswith("name,in_flight,ended,") and csv_lines[-1].startswith("whole run,")

@@ -1,0 +1,93 @@
+"""engine/utilization: FLOPs and bytes counted from the shapes (by hand here), MFU / MBU, the cached machine
+limits, and the sampled operator split on a real engine."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.model.arch import ArchConfig
+from engine.utilization import MachineLimits, ModelCounts, OperatorSplit, UtilizationMeter, limits
+
+# hidden 8, 2 heads of 4 (1 KV head), FFN 16, 2 layers, vocab 10
+ARCH = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
+                             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                             "vocab_size": 10})
+
+
+def unit(new: int, cached: int, prefill: bool, samples: bool = True):
+    return SimpleNamespace(num_new_tokens=new, num_computed_tokens=cached, is_prefill=prefill, samples=samples)
+
+
+def test_counts_by_hand():
+    counts = ModelCounts.of(ARCH, dtype_bytes=2)
+    # per layer: qkv 8 x (8 + 4 + 4) = 128, o 8 x 8 = 64, gate/up/down 3 x 8 x 16 = 384
+    assert counts.layer_linear_params == 2 * 576
+    assert counts.lm_head_params == 80
+    assert counts.attention_flops_per_pair == 4 * 2 * 8  # layers x (QK^T + PV) x heads x head_dim
+    assert counts.kv_bytes_per_token == 2 * 2 * 4 * 2  # K and V x layers x KV width x bf16
+    assert counts.weight_bytes == (1152 + 80) * 2
+
+
+def test_work_by_hand():
+    counts = ModelCounts.of(ARCH, dtype_bytes=2)
+    # a 3-token chunk after 2 cached tokens (causal pairs 3 x 2 + 1 + 2 + 3 = 12) and a decode at context 5
+    work = counts.work([unit(1, 4, False), unit(3, 2, True)])
+    assert work.flops == 2 * (1152 * 4 + 80 * 2) + 64 * (12 + 5)
+    # weights, K/V read (the chunk's 2 + 3, the decode's 5), K/V written (4 new tokens)
+    assert work.bytes_moved == 2464 + 32 * (10 + 4)
+    # a chunk that samples nothing has no lm_head row
+    assert counts.work([unit(3, 0, True, samples=False)]).flops == 2 * 1152 * 3 + 64 * 6
+
+
+def test_meter_fields():
+    counts = ModelCounts.of(ARCH, dtype_bytes=2)
+    work = counts.work([unit(3, 0, True)])
+    meter = UtilizationMeter(counts, MachineLimits("test", "bfloat16", peak_flops=1e4, bandwidth=1e3, source="x"))
+    f = meter.fields([unit(3, 0, True)], 2.0, OperatorSplit(linear_s=1.2, attention_s=0.3))
+    assert f["mfu"] == pytest.approx(work.flops / 2e4) and f["mbu"] == pytest.approx(work.bytes_moved / 2e3)
+    assert (f["linear_s"], f["attention_s"], f["other_s"]) == pytest.approx((1.2, 0.3, 0.5))
+    unknown = UtilizationMeter(counts, None).fields([unit(3, 0, True)], 2.0, None)
+    assert set(unknown) == {"model_flops", "bytes_moved"}
+
+
+def test_limits_measured_once_then_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_measure(device, dtype):  # the measurement itself is timing, not under test here
+        calls.append(dtype)
+        return MachineLimits("dev", str(dtype), 1e12, 1e10, "measured")
+    monkeypatch.setattr(limits, "measure", fake_measure)
+    cpu = torch.device("cpu")
+    first = limits.machine_limits(cpu, torch.float32)
+    assert limits.machine_limits(cpu, torch.float32) == first and len(calls) == 1
+    limits.machine_limits(cpu, torch.bfloat16)  # another dtype: measured apart
+    limits.machine_limits(cpu, torch.float32, refresh=True)
+    assert len(calls) == 3 and (tmp_path / "machine_limits.json").is_file()
+
+
+def test_engine_records_utilisation_and_split(tiny_path):
+    engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
+    model = engine.runner.model
+    linear = sum(m.in_features * m.out_features for m in model.modules() if hasattr(m, "out_features"))
+    assert linear == engine.utilization.counts.layer_linear_params + engine.utilization.counts.lm_head_params
+    engine.add_request([5] * 40, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    records = engine.batch_records
+    first = records[0]  # the whole prompt, one chunk
+    assert first.model_flops == engine.utilization.counts.work([unit(40, 0, True)]).flops
+    assert all(r.mfu is not None and 0 < r.mfu and 0 < r.mbu for r in records)
+    sampled = [r for r in records if r.linear_s is not None]
+    assert [r.iteration for r in sampled] == [r.iteration for r in records if r.iteration % 2 == 1]
+    for r in sampled:
+        assert r.linear_s > 0 and r.attention_s > 0 and r.other_s >= 0
+        assert r.linear_s + r.attention_s + r.other_s == pytest.approx(r.end_time - r.start_time)
+
+
+def test_bad_split_interval(tiny_path):
+    with pytest.raises(ValueError, match="op_split_every"):
+        LLMEngine.from_kwargs(model=str(tiny_path), op_split_every=-1)
