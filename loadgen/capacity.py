@@ -28,7 +28,7 @@ from loadgen.live_target import LiveTarget
 from loadgen.plan import plan_run
 from loadgen.results import make_run_id
 from loadgen.runner import repeat_configs, repeat_part, run_point
-from loadgen.slo import resolve_slo
+from loadgen.slo import reference_text, resolve_slo
 from loadgen.stats import mean_interval
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
@@ -177,6 +177,6 @@ def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
     bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
     spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
     print(f"[capacity] {cfg.scheduler.name} chunk_size={chunk_size(cfg)} slo={cfg.slo.name} "
-          f"({slo['slo_tbt_ms']:.0f} ms): {interval.mean:g} qps{spread}{bound}, "
+          f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {interval.mean:g} qps{spread}{bound}, "
           f"{sum(len(r.points) for r in results)} points", flush=True)
     return record

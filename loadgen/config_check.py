@@ -60,9 +60,15 @@ def check(cfg: DictConfig) -> None:
     _check_endpoint(cfg)
     cap = OmegaConf.select(cfg, "target.max_in_flight")
     require(cap is None or (is_int(cap) and cap >= 1), "target.max_in_flight", "an integer >= 1 or null", cap)
-    for key in ("num_seqs", "prompt_tokens", "output_tokens"):
+    for key in ("num_seqs", "prompt_tokens", "output_tokens", "rounds", "attempts"):
         value = cfg.decode_probe[key]
         require(is_int(value) and value >= 1, f"decode_probe.{key}", "an integer >= 1", value)
+    q = cfg.decode_probe.quantile
+    require(is_number(q) and 0 <= q <= 1, "decode_probe.quantile", "a number in [0, 1]", q)
+    _positive(cfg, "decode_probe.max_spread")
+    _positive(cfg, "slo.reference_ms", optional=True)
+    path = OmegaConf.select(cfg, "slo.reference_cost_model")
+    require(path is None or Path(path).is_file(), "slo.reference_cost_model", "a cost model JSON file", path)
     for key in ("start_qps", "min_qps", "max_qps", "tolerance", "max_p50_scheduling_delay_s"):
         _positive(cfg, f"capacity.{key}")
     c = cfg.capacity

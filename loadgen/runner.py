@@ -18,7 +18,7 @@ from loadgen.metrics import summarize
 from loadgen.plan import RunPlan, plan_run
 from loadgen.progress import RunPart, current
 from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
-from loadgen.slo import resolve_slo
+from loadgen.slo import reference_text, resolve_slo
 from loadgen.workload import build_workload
 
 
@@ -28,7 +28,7 @@ def _fmt(value, spec: str = ".1f") -> str:
 
 def _report(status: str, plan: RunPlan, s: dict) -> None:
     print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
-          f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}), "
+          f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}, {reference_text(s)}), "
           f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
           + (" [client fell behind]" if s["client_fell_behind"] else "")
           + (f" [disturbed: engine got {s['engine_cpu_share']:.0%} of its CPU]" if s.get("disturbed") else ""),
