@@ -53,6 +53,8 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    if "--force" in sys.argv:  # measure every run again: rerun=all
+        sys.argv = [arg for arg in sys.argv if arg != "--force"] + ["rerun=all"]
     exit_on_config_error(PROG, lambda: validate_cli(sys.argv[1:]))
     _app()
 

@@ -19,6 +19,7 @@ from loadgen.metrics import parse_goodput
 
 CONFIG_NAME = "bench"
 MODES = ("run", "capacity")
+RERUN = ("none", "disturbed", "all")
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
 
 
@@ -38,6 +39,7 @@ def check(cfg: DictConfig) -> None:
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
     require(cfg.mode in MODES, "mode", f"one of {list(MODES)}", cfg.mode)
+    require(cfg.rerun in RERUN, "rerun", f"one of {list(RERUN)}", cfg.rerun)
     _positive(cfg, "qps")
     for key in ("chunk_size", "num_requests", "repeats"):
         require(is_int(cfg[key]) and cfg[key] >= 1, key, "an integer >= 1", cfg[key])

@@ -1,7 +1,9 @@
 """One measured point: plan it, replay its workload on the live target, write its run directory and
 rebuild the experiment's summary.parquet. A run whose directory already holds summary.json is read
 back instead (resume); a directory without it (an interrupted write) is measured again. Jobs running
-in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.experiment_lock)."""
+in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.experiment_lock).
+``rerun=disturbed`` measures a complete run again when it (or its SLO reference) was disturbed,
+``rerun=all`` (``--force``) every run."""
 from __future__ import annotations
 
 import json
@@ -67,6 +69,12 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool) -> dict:
     return {**report.as_summary(), "disturbed": report.disturbed and not virtual_time}
 
 
+def must_rerun(rerun: str, summary: dict) -> bool:
+    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again."""
+    disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed"))
+    return rerun == "all" or (rerun == "disturbed" and disturbed)
+
+
 def _read_summary(plan: RunPlan) -> dict:
     return json.loads((plan.run_dir / "summary.json").read_text())
 
@@ -82,7 +90,7 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
     if rerun:
         part = RunPart(part.done, {**part.extras, "rerun": 1})
     point = {key: plan.params[key] for key in ("scheduler", "chunk_size", "qps") if plan.params[key] is not None}
-    if is_complete(plan.run_dir):
+    if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
         summary = _read_summary(plan)
         _report("cached", plan, summary)
         progress.run_ended(point, part, time.monotonic() - started, cached=True)
@@ -103,7 +111,7 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
                **cpu_summary(cpu.report, virtual_time=cfg.model.runner == "simulated" and cfg.model.clock == "virtual")}
     with experiment_lock(plan.exp_dir):
-        if is_complete(plan.run_dir):  # a parallel job measured the same point first: keep its run
+        if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
             summary = _read_summary(plan)
         else:
             run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),

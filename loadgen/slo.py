@@ -115,7 +115,7 @@ def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Ref
     key = {"model": section(cfg, "model"), "target": cfg.target.kind, "url": cfg.target.get("url"),
            "probe": section(cfg, "decode_probe")}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
-    if path.is_file():
+    if path.is_file() and cfg.get("rerun") != "all":
         cached = json.loads(path.read_text())
         if "method" in cached:  # a cache of the single-shot probe of earlier versions is measured again
             return Reference(cached["decode_iter_ms"], cached["method"], False, cached["spread"],
