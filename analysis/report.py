@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,13 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
     common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms,
               "figures_dir": str((results_dir / "figures").resolve())}
     extra = {"stalls": {"qps": qps}}
-    executed = [execute_notebook(name, results_dir, results_dir / "notebooks", **common,
-                                 **extra.get(name, {})) for name in SECTIONS]
+    executed = []
+    for i, (name, title) in enumerate(SECTIONS.items(), 1):
+        print(f"[{i}/{len(SECTIONS)}] {title} ({name}.ipynb) ...", end=" ", flush=True)
+        started = time.monotonic()
+        executed.append(execute_notebook(name, results_dir, results_dir / "notebooks", **common,
+                                         **extra.get(name, {})))
+        print(f"done in {time.monotonic() - started:.0f} s", flush=True)
     return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
 
 
@@ -106,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results_dir.is_dir():
         print(f"stallfree-report: error: results directory not found: {args.results_dir}", file=sys.stderr)
         return 2
+    if load_runs(args.results_dir).empty:
+        print(f"stallfree-report: error: no runs under {args.results_dir} (a run directory holds summary.json; "
+              "run stallfree-bench first, or give the results_dir it wrote to)", file=sys.stderr)
+        return 2
     if args.export:
         written = export_vllm(load_runs(args.results_dir), args.out or args.results_dir / "vllm")
         print(f"exported {len(written)} runs to {args.out or args.results_dir / 'vllm'}/")
@@ -113,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = build_report(args.results_dir, slo_tbt_ms=args.slo_tbt_ms,
                               relaxed_slo_tbt_ms=args.relaxed_slo_tbt_ms, qps=args.qps)
+    except KeyboardInterrupt:
+        print("\nstallfree-report: interrupted; no report written", file=sys.stderr)
+        return 130
     except papermill.PapermillExecutionError as err:
         print(f"stallfree-report: error: a notebook failed: {err.ename}: {err.evalue}\n"
               f"  see the executed notebooks in {args.results_dir / 'notebooks'}", file=sys.stderr)

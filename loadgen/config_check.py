@@ -6,9 +6,9 @@ sweep fails before its first run instead of Hydra printing a multi-line report o
 """
 from __future__ import annotations
 
+import os
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -77,6 +77,17 @@ def check(cfg: DictConfig) -> None:
     require(c.min_qps <= c.start_qps <= c.max_qps, "capacity.start_qps",
           f"within [capacity.min_qps={c.min_qps}, capacity.max_qps={c.max_qps}]", c.start_qps)
     _check_workload(cfg)
+    _check_results_dir(Path(str(cfg.results_dir)))
+
+
+def _check_results_dir(path: Path) -> None:
+    """results_dir must be a directory this process can create and write in."""
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    require(existing.is_dir() and os.access(existing, os.W_OK | os.X_OK), "results_dir",
+            f"a directory you can write in ({existing} is {'not writable' if existing.is_dir() else 'a file'})",
+            str(path))
 
 
 def _check_endpoint(cfg: DictConfig) -> None:
@@ -185,12 +196,3 @@ def validate_cli(argv: Sequence[str]) -> None:
                 check(compose(CONFIG_NAME, overrides))
         except (HydraException, OmegaConfBaseException) as e:
             raise _composition_error(e) from None
-
-
-def exit_on_config_error(prog: str, fn: Callable[[], None]) -> None:
-    """Run ``fn``; a ConfigError is printed as one line on stderr and exits with status 2."""
-    try:
-        fn()
-    except ConfigError as e:
-        print(f"{prog}: config error: {e}", file=sys.stderr)
-        sys.exit(2)

@@ -20,6 +20,7 @@ from loadgen.metrics import summarize
 from loadgen.plan import RunPlan, plan_run
 from loadgen.progress import RunPart, current
 from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
+from loadgen.run_errors import TargetError
 from loadgen.slo import reference_text, resolve_slo
 from loadgen.workload import build_workload
 
@@ -106,6 +107,10 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
         replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
     if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
         raise KeyboardInterrupt(f"{plan.run_id} was interrupted; nothing recorded")
+    if all(r.status == "error" for r in replay.records):
+        raise TargetError(f"all {len(replay.records)} requests of {plan.run_id} failed (the first: "
+                          f"{replay.records[0].error}); check the target (a server that died? its log is in "
+                          f"{plan.exp_dir / '.logs'}). Nothing recorded")
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),

@@ -28,6 +28,7 @@ from loadgen.bench_config import digest, section
 from loadgen.cpu_share import CpuMonitor
 from loadgen.live_target import LiveTarget
 from loadgen.records import RequestRecord
+from loadgen.run_errors import TargetError
 from loadgen.targets.base import Target
 from loadgen.workload import build_workload
 
@@ -72,7 +73,8 @@ def _measure(cfg: DictConfig, target: Target, seed: int, rounds: int) -> tuple[f
             steps += decode_steps_ms(records)
             errors += [r.error for r in records if r.status != "ok"]
     if not steps:
-        raise RuntimeError(f"decode probe got no token gaps: {errors[:3]}")
+        raise TargetError(f"the decode probe's requests all failed ({errors[0] if errors else 'no tokens'}); "
+                          "check that the target is up and serves the model, or pin slo.reference_ms")
     return float(np.quantile(steps, p.quantile)), bool(cpu.report and cpu.report.disturbed)
 
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 import signal
 import sys
 
-from engine.hydra_groups import CONF_DIR, compose, engine_kwargs_from_groups, one_line, override, require, server_kwargs
+from engine.hydra_groups import (
+    CONF_DIR,
+    compose,
+    engine_kwargs_from_groups,
+    one_line,
+    override,
+    require,
+    server_kwargs,
+)
 from engine.server.app import ServerConfig, build_app
 from engine.server.launcher import uvicorn_server
 
