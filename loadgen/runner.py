@@ -19,6 +19,7 @@ from loadgen.live_target import LiveTarget
 from loadgen.metrics import summarize
 from loadgen.plan import RunPlan, plan_run
 from loadgen.progress import RunPart, current
+from loadgen.result_block import result_block
 from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
 from loadgen.run_errors import TargetError
 from loadgen.slo import reference_text, resolve_slo
@@ -94,7 +95,7 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
     if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
         summary = _read_summary(plan)
         _report("cached", plan, summary)
-        progress.run_ended(point, part, time.monotonic() - started, cached=True)
+        progress.run_ended(point, part, time.monotonic() - started, cached=True, summary=summary)
         return summary
     slo = resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
@@ -124,5 +125,6 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
             target.finalize(run_dir)
         rebuild_experiment_summary(plan.exp_dir)
     _report("done", plan, summary)
-    progress.run_ended(point, part, time.monotonic() - started, cached=False)
+    print(result_block(summary), flush=True)
+    progress.run_ended(point, part, time.monotonic() - started, cached=False, summary=summary)
     return summary
