@@ -76,6 +76,7 @@ class _Model(BaseModel):
 
 class StreamOptions(_Model):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # with include_usage: usage in every chunk (vLLM's extension)
 
 
 class _GenerationRequest(_Model):
@@ -98,6 +99,10 @@ class _GenerationRequest(_Model):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(_GenerationRequest):
