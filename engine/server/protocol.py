@@ -12,6 +12,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
@@ -61,6 +62,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
     if isinstance(first.get("input"), bytes):  # FastAPI left a body with a non-JSON content type unparsed
         return APIError(400, "request body must be JSON (Content-Type: application/json)", code="invalid_json")
+    if first["type"] == "unsupported":
+        return APIError(400, first["msg"], param=first["ctx"]["name"], code="unsupported_parameter")
     loc = [p for p in first["loc"] if p not in ("body", "query")]
     param = str(loc[0]) if loc else None
     message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
@@ -79,6 +82,14 @@ class StreamOptions(_Model):
     continuous_usage_stats: bool = False  # with include_usage: usage in every chunk (vLLM's extension)
 
 
+# OpenAI parameters this server does not implement, and the value that asks for nothing: any other value
+# is a 400 naming the parameter, never silently ignored (vLLM accepts these; clients rely on them).
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False,), "best_of": (None, 1),
+               "suffix": (None,), "logit_bias": (None, {}), "presence_penalty": (0, 0.0),
+               "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0), "use_beam_search": (False,),
+               "prompt_logprobs": (None,), "tools": (None, []), "response_format": (None,), "min_tokens": (0,)}
+
+
 class _GenerationRequest(_Model):
     model: str | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
@@ -90,6 +101,16 @@ class _GenerationRequest(_Model):
     n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        for name, defaults in UNSUPPORTED.items():
+            if isinstance(data, dict) and name in data and not any(
+                    data[name] == d and type(data[name]) is type(d) for d in defaults):
+                raise PydanticCustomError("unsupported", "{name}={value!r} is not supported by this server; "
+                                          "leave it out", {"name": name, "value": data[name]})
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod
