@@ -10,5 +10,6 @@ MISSING = "–"
 
 def show(table: pd.DataFrame) -> HTML:
     """``table`` as HTML for a notebook cell's output (and so the report)."""
-    html = table.to_html(index=False, na_rep=MISSING, border=0, classes="dataframe stallfree-table")
+    cells = table.astype(object).where(table.notna(), MISSING)  # na_rep misses the nullable dtypes' <NA>
+    html = cells.to_html(index=False, border=0, classes="dataframe stallfree-table")
     return HTML(f'<div style="overflow-x: auto; max-width: 100%">{html}</div>')
