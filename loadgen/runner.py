@@ -30,12 +30,17 @@ def _fmt(value, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _disturbed_text(s: dict) -> str:
+    share = s.get("engine_cpu_share")
+    return " [disturbed]" if share is None else f" [disturbed: engine got {share:.0%} of its CPU]"
+
+
 def _report(status: str, plan: RunPlan, s: dict) -> None:
     print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
           f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}, {reference_text(s)}), "
           f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
           + (" [client fell behind]" if s["client_fell_behind"] else "")
-          + (f" [disturbed: engine got {s['engine_cpu_share']:.0%} of its CPU]" if s.get("disturbed") else ""),
+          + (_disturbed_text(s) if s.get("disturbed") else ""),
           flush=True)
 
 

@@ -33,6 +33,9 @@ from loadgen.targets.base import Target
 from loadgen.workload import build_workload
 
 
+_probed_here: set[Path] = set()  # probe caches this process wrote (rerun=all measures each one once)
+
+
 @dataclass(frozen=True)
 class Reference:
     decode_iter_ms: float
@@ -117,7 +120,7 @@ def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Ref
     key = {"model": section(cfg, "model"), "target": cfg.target.kind, "url": cfg.target.get("url"),
            "probe": section(cfg, "decode_probe")}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
-    if path.is_file() and cfg.get("rerun") != "all":
+    if path.is_file() and (cfg.get("rerun") != "all" or path in _probed_here):  # --force: probe once again
         cached = json.loads(path.read_text())
         if "method" in cached:  # a cache of the single-shot probe of earlier versions is measured again
             return Reference(cached["decode_iter_ms"], cached["method"], False, cached["spread"],
@@ -131,6 +134,7 @@ def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Ref
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps({**asdict(reference), **key}, indent=2) + "\n")
     tmp.replace(path)
+    _probed_here.add(path)
     return reference
 
 
