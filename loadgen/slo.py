@@ -32,7 +32,6 @@ from loadgen.run_errors import TargetError
 from loadgen.targets.base import Target
 from loadgen.workload import build_workload
 
-
 _probed_here: set[Path] = set()  # probe caches this process wrote (rerun=all measures each one once)
 
 
