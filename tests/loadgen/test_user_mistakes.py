@@ -36,10 +36,14 @@ def run(command: list[str], cwd: Path, timeout: float = 180) -> subprocess.Compl
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def interrupt_after(command: list[str], cwd: Path, seconds: float) -> subprocess.CompletedProcess:
-    """Ctrl-C (SIGINT to the process group, as a terminal sends it) ``seconds`` after the start."""
+def interrupt_after(command: list[str], cwd: Path, seconds: float, started: Path | None = None) -> subprocess.CompletedProcess:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) ``seconds`` after the start (after
+    ``started`` exists, when given)."""
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while started is not None and not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
     time.sleep(seconds)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -83,7 +87,7 @@ def test_bench_into_a_directory_it_cannot_write(tmp_path):
 
 def test_bench_interrupted(tmp_path):
     done = interrupt_after([BIN / "stallfree-bench", "num_requests=400", "qps=2", f"results_dir={tmp_path}"],
-                           tmp_path, seconds=12)
+                           tmp_path, seconds=3, started=tmp_path / "default" / ".hydra")  # the job has started
     assert_one_line(done, 130, "interrupted", "run the same command again")
 
 
