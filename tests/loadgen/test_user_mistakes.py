@@ -36,7 +36,8 @@ def run(command: list[str], cwd: Path, timeout: float = 180) -> subprocess.Compl
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def interrupt_after(command: list[str], cwd: Path, seconds: float, started: Path | None = None) -> subprocess.CompletedProcess:
+def interrupt_after(command: list[str], cwd: Path, seconds: float,
+                    started: Path | None = None) -> subprocess.CompletedProcess:
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) ``seconds`` after the start (after
     ``started`` exists, when given)."""
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
