@@ -70,7 +70,7 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
         for (_, scheduler), line in front.groupby(["experiment", "scheduler"], sort=False):
             ax.plot(line[latency], line[throughput], color=palette[scheduler], lw=1.8, alpha=0.7, zorder=2)
         _intervals(ax, points, latency, throughput, palette)
-        _mark_disturbed(fig, ax, points, latency, throughput)
+        _mark_disturbed(fig, ax, points, latency, throughput, palette)
         _log_scale(ax, "x")
         _slo_lines(ax, _configured_slo(points, latency) if slos is None else slos, vertical=True)
         ax.set(xlabel=LABELS.get(latency, latency), ylabel=LABELS.get(throughput, throughput),
@@ -91,12 +91,15 @@ def _intervals(ax: Axes, points: pd.DataFrame, x: str, y: str, palette: Mapping[
                     ecolor=palette[r["scheduler"]], elinewidth=1.2, capsize=3, alpha=0.8, zorder=2)
 
 
-def _mark_disturbed(fig: Figure, ax: Axes, points: pd.DataFrame, x: str, y: str) -> None:
-    """Disturbed points (the engine got too little CPU) drawn hollow, their runs named under the plot."""
+def _mark_disturbed(fig: Figure, ax: Axes, points: pd.DataFrame, x: str, y: str,
+                    palette: Mapping[str, tuple]) -> None:
+    """Disturbed points (the engine got too little CPU) drawn hollow, ringed in their policy's colour,
+    their runs named under the plot."""
     disturbed = points[points["disturbed"]]
     if disturbed.empty:
         return
-    ax.scatter(disturbed[x], disturbed[y], s=90, facecolors="white", edgecolors="0.2", linewidths=1.5, zorder=4)
+    ax.scatter(disturbed[x], disturbed[y], s=90, facecolors="white",
+               edgecolors=[palette[s] for s in disturbed["scheduler"]], linewidths=2.0, zorder=4)
     names = ", ".join(run for runs in disturbed["disturbed_runs"] for run in runs)
     fig.supxlabel(f"hollow: disturbed runs (the engine got too little of the CPU it asked for): {names}", fontsize=8, color="0.3",
                   ha="left", x=0.01, wrap=True)
@@ -161,15 +164,22 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
     with _style():
         fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * len(labels) + 0.6), layout="constrained")
         axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False)
+        windows = {}
+        for run in runs.itertuples():
+            run_followed = followed[followed["run_id"] == run.run_id]
+            run_batches = batches[batches["run_id"] == run.run_id]
+            windows[run.run_id] = (tuple(run_followed[["t_anchor_start", "t_anchor_end"]].iloc[0]) if not run_followed.empty
+                                   else (run_batches["start_time"].min(), run_batches["end_time"].max()))
+        span = np.nanmax([hi - lo for lo, hi in windows.values()] + [0.0])  # every column the same time span
         for col, run in zip(axes.T, runs.itertuples(), strict=True):
             run_batches = batches[batches["run_id"] == run.run_id]
             run_gaps = gaps[gaps["run_id"] == run.run_id]
             t0 = np.nanmin([run_batches["start_time"].min(), run_gaps["time"].min()])
             col[0].set_title(f"{run.config} @ {run.qps:g} QPS")
             run_followed = followed[followed["run_id"] == run.run_id]
-            lo, hi = (run_followed[["t_anchor_start", "t_anchor_end"]].iloc[0] if not run_followed.empty
-                      else (run_batches["start_time"].min(), run_batches["end_time"].max()))
-            if pd.notna(lo):
+            lo = windows[run.run_id][0]
+            hi = lo + span
+            if pd.notna(lo) and span > 0:
                 col[-1].set_xlim(lo - t0, hi - t0)
             _tbt_panel(col[-1], run_followed, t0, slos or {})
             if len(labels) >= 3:

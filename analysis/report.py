@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +105,21 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
     # workload, policies side by side) cannot tell apart: they get the paper section alone.
     phases_csv = find_phases(results_dir)
     if has_section_data("paper", results_dir):
-        sections = ["paper"]
+        sections = [(name, results_dir, {}) for name in ["paper"]]
+    elif phases_csv is None or not load_runs(results_dir).empty:
+        sections = [(name, results_dir, extra.get(name, {})) for name in GENERIC_SECTIONS]
     else:
-        sections = GENERIC_SECTIONS if phases_csv is None or not load_runs(results_dir).empty else []
-    executed = [execute_notebook(name, results_dir, results_dir / "notebooks", **common,
-                                 **extra.get(name, {})) for name in sections]
+        sections = []
     if phases_csv is not None:
-        executed.append(execute_notebook(PHASES, phases_csv.parent, results_dir / "notebooks",
-                                         slo_tbt_ms=slo_tbt_ms, figures_dir=figures_dir))
+        sections.append((PHASES, phases_csv.parent, {}))
+    executed = []
+    for i, (name, data_dir, knobs) in enumerate(sections, 1):
+        print(f"[{i}/{len(sections)}] {SECTIONS.get(name, 'Characterisation studies')} ({name}.ipynb) ...", end=" ",
+              flush=True)
+        started = time.monotonic()
+        params = {"slo_tbt_ms": slo_tbt_ms, "figures_dir": figures_dir} if name == PHASES else {**common, **knobs}
+        executed.append(execute_notebook(name, data_dir, results_dir / "notebooks", **params))
+        print(f"done in {time.monotonic() - started:.0f} s", flush=True)
     return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
 
 
@@ -128,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results_dir.is_dir():
         print(f"stallfree-report: error: results directory not found: {args.results_dir}", file=sys.stderr)
         return 2
+    if load_runs(args.results_dir).empty and (args.export or find_phases(args.results_dir) is None):
+        print(f"stallfree-report: error: no runs under {args.results_dir} (a run directory holds summary.json, "
+              "a studies run phases.csv; run stallfree-bench first, or give the results_dir it wrote to)",
+              file=sys.stderr)
+        return 2
     if args.export:
         written = export_vllm(load_runs(args.results_dir), args.out or args.results_dir / "vllm")
         print(f"exported {len(written)} runs to {args.out or args.results_dir / 'vllm'}/")
@@ -135,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = build_report(args.results_dir, slo_tbt_ms=args.slo_tbt_ms,
                               relaxed_slo_tbt_ms=args.relaxed_slo_tbt_ms, qps=args.qps)
+    except KeyboardInterrupt:
+        print("\nstallfree-report: interrupted; no report written", file=sys.stderr)
+        return 130
     except papermill.PapermillExecutionError as err:
         print(f"stallfree-report: error: a notebook failed: {err.ename}: {err.evalue}\n"
               f"  see the executed notebooks in {args.results_dir / 'notebooks'}", file=sys.stderr)

@@ -21,12 +21,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from loadgen.capacity import run_search
-from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, exit_on_config_error, validate_cli
+from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
 from loadgen.live_target import LiveTarget
+from loadgen.run_errors import exit_on_error
 from loadgen.runner import run_repeats
 from loadgen.studies import run_study
 
 PROG = "stallfree-bench"
+INTERRUPTED = "interrupted; complete runs are kept: run the same command again to resume"
 
 _targets = LiveTarget()  # shared by the jobs this process runs
 atexit.register(_targets.close)
@@ -49,15 +51,17 @@ def _app(cfg: DictConfig) -> None:
             run_repeats(cfg, _targets)
 
     try:
-        exit_on_config_error(PROG, job)
+        exit_on_error(PROG, job, INTERRUPTED)
     finally:
         if not _keeps_targets():
             _targets.close()
 
 
 def main() -> None:
-    exit_on_config_error(PROG, lambda: validate_cli(sys.argv[1:]))
-    _app()
+    if "--force" in sys.argv:  # measure every run again: rerun=all
+        sys.argv = [arg for arg in sys.argv if arg != "--force"] + ["rerun=all"]
+    exit_on_error(PROG, lambda: validate_cli(sys.argv[1:]))
+    exit_on_error(PROG, _app, INTERRUPTED)
 
 
 def capacity_main() -> None:

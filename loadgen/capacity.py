@@ -22,13 +22,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen.bench_config import chunk_size
 from loadgen.experiment_lock import experiment_lock
 from loadgen.live_target import LiveTarget
 from loadgen.plan import plan_run
 from loadgen.results import make_run_id
 from loadgen.runner import repeat_configs, repeat_part, run_point
-from loadgen.slo import resolve_slo
+from loadgen.slo import reference_text, resolve_slo
 from loadgen.stats import mean_interval
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
@@ -162,21 +161,21 @@ def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
     interval = mean_interval([r.capacity_qps for r in results])
     first = results[0]
     plan = plan_run(cfg, capacity_slo=cfg.slo.name)
-    record = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), **slo,
+    record = {"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"], **slo,
               "capacity_qps": interval.mean, "capacity_ci_lo": interval.lo, "capacity_ci_hi": interval.hi,
               "capacity_qps_repeats": [r.capacity_qps for r in results],
               "bracketed": all(r.bracketed for r in results), "lo_qps": first.lo_qps, "hi_qps": first.hi_qps,
               "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": cfg.capacity.tolerance,
               **{k: plan.params[k] for k in RUN_PARAMS},
               "points": [asdict(p) for r in results for p in r.points]}
-    key = make_run_id({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg),
+    key = make_run_id({"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
                        "slo": cfg.slo.name, "cfg": plan.digest})
     with experiment_lock(exp_dir):
         _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
         rebuild_capacity_json(exp_dir)
     bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
     spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
-    print(f"[capacity] {cfg.scheduler.name} chunk_size={chunk_size(cfg)} slo={cfg.slo.name} "
-          f"({slo['slo_tbt_ms']:.0f} ms): {interval.mean:g} qps{spread}{bound}, "
+    print(f"[capacity] {plan.params['scheduler']} chunk_size={plan.params['chunk_size']} slo={cfg.slo.name} "
+          f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {interval.mean:g} qps{spread}{bound}, "
           f"{sum(len(r.points) for r in results)} points", flush=True)
     return record

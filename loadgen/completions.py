@@ -15,6 +15,7 @@ SERVER_FIELDS = {"arrival_time": "server_arrival_time", "first_scheduled_time": 
                  "finish_time": "server_finish_time", "token_times": "server_token_times",
                  "num_preemptions": "num_preemptions"}
 CANCELLED = "cancelled while in flight"
+CANCELLED_AT_STOP = "cancelled at stop"  # a Locust test stopped (-t, Stop) with the request in flight
 NO_DONE = "stream ended without data: [DONE]"
 
 

@@ -6,9 +6,9 @@ sweep fails before its first run instead of Hydra printing a multi-line report o
 """
 from __future__ import annotations
 
+import os
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,6 +19,7 @@ from loadgen.metrics import parse_goodput
 
 CONFIG_NAME = "bench"
 MODES = ("run", "capacity", "study")
+RERUN = ("none", "disturbed", "all")
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
 
 
@@ -38,6 +39,7 @@ def check(cfg: DictConfig) -> None:
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
     require(cfg.mode in MODES, "mode", f"one of {list(MODES)}", cfg.mode)
+    require(cfg.rerun in RERUN, "rerun", f"one of {list(RERUN)}", cfg.rerun)
     _positive(cfg, "qps")
     for key in ("chunk_size", "num_requests", "repeats"):
         require(is_int(cfg[key]) and cfg[key] >= 1, key, "an integer >= 1", cfg[key])
@@ -60,15 +62,32 @@ def check(cfg: DictConfig) -> None:
     _check_endpoint(cfg)
     cap = OmegaConf.select(cfg, "target.max_in_flight")
     require(cap is None or (is_int(cap) and cap >= 1), "target.max_in_flight", "an integer >= 1 or null", cap)
-    for key in ("num_seqs", "prompt_tokens", "output_tokens"):
+    for key in ("num_seqs", "prompt_tokens", "output_tokens", "rounds", "attempts"):
         value = cfg.decode_probe[key]
         require(is_int(value) and value >= 1, f"decode_probe.{key}", "an integer >= 1", value)
+    q = cfg.decode_probe.quantile
+    require(is_number(q) and 0 <= q <= 1, "decode_probe.quantile", "a number in [0, 1]", q)
+    _positive(cfg, "decode_probe.max_spread")
+    _positive(cfg, "slo.reference_ms", optional=True)
+    path = OmegaConf.select(cfg, "slo.reference_cost_model")
+    require(path is None or Path(path).is_file(), "slo.reference_cost_model", "a cost model JSON file", path)
     for key in ("start_qps", "min_qps", "max_qps", "tolerance", "max_p50_scheduling_delay_s"):
         _positive(cfg, f"capacity.{key}")
     c = cfg.capacity
     require(c.min_qps <= c.start_qps <= c.max_qps, "capacity.start_qps",
           f"within [capacity.min_qps={c.min_qps}, capacity.max_qps={c.max_qps}]", c.start_qps)
     _check_workload(cfg)
+    _check_results_dir(Path(str(cfg.results_dir)))
+
+
+def _check_results_dir(path: Path) -> None:
+    """results_dir must be a directory this process can create and write in."""
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    require(existing.is_dir() and os.access(existing, os.W_OK | os.X_OK), "results_dir",
+            f"a directory you can write in ({existing} is {'not writable' if existing.is_dir() else 'a file'})",
+            str(path))
 
 
 def _check_endpoint(cfg: DictConfig) -> None:
@@ -177,12 +196,3 @@ def validate_cli(argv: Sequence[str]) -> None:
                 check(compose(CONFIG_NAME, overrides))
         except (HydraException, OmegaConfBaseException) as e:
             raise _composition_error(e) from None
-
-
-def exit_on_config_error(prog: str, fn: Callable[[], None]) -> None:
-    """Run ``fn``; a ConfigError is printed as one line on stderr and exits with status 2."""
-    try:
-        fn()
-    except ConfigError as e:
-        print(f"{prog}: config error: {e}", file=sys.stderr)
-        sys.exit(2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from loadgen.completions import CANCELLED_AT_STOP
 from loadgen.records import RequestRecord
 
 
@@ -20,7 +21,8 @@ class LiveEvents:
     def _clear(self) -> None:
         self.ttft: list[tuple[float, float]] = []  # (first token time, TTFT from the intended send)
         self.tbt: list[tuple[float, float]] = []  # (token time, gap to the previous token)
-        self.ended: list[tuple[float, int, float, float]] = []  # (time, ok, TTFT, largest gap; NaN: none)
+        # (time, outcome, TTFT, largest gap; NaN: none); outcome: 1 ok, 0 failed, -1 cancelled at stop
+        self.ended: list[tuple[float, int, float, float]] = []
         self.late: list[float] = []
 
     def sent(self) -> None:
@@ -42,8 +44,8 @@ class LiveEvents:
         times = record.token_times if record.status == "ok" else []
         ttft_ms = (times[0] - record.intended_send_time) * 1e3 if times else math.nan
         max_gap_ms = max((b - a for a, b in itertools.pairwise(times)), default=math.nan) * 1e3
-        ok = int(record.status == "ok")
-        self.ended.append((record.finish_time or record.intended_send_time, ok, ttft_ms, max_gap_ms))
+        outcome = 1 if record.status == "ok" else -1 if record.error == CANCELLED_AT_STOP else 0
+        self.ended.append((record.finish_time or record.intended_send_time, outcome, ttft_ms, max_gap_ms))
 
     def late_send(self, time: float) -> None:
         self.late.append(time)

@@ -81,7 +81,9 @@ class Summary:
     ttft: LogHistogram = field(default_factory=LogHistogram)
     tbt: LogHistogram = field(default_factory=LogHistogram)
     output_tokens: int = 0
-    ended: int = 0
+    ended: int = 0  # requests that ended, ok or failed: Locust's request count
+    failed: int = 0  # Locust's failure count
+    cancelled_at_stop: int = 0  # in flight when the test stopped: no Locust request, no failure
     slo_met: int = 0
     late: int = 0
     in_flight: int = 0  # the latest count seen
@@ -92,8 +94,9 @@ class Summary:
             return "" if value is None else round(value, 1)
 
         per_s = 1 / max(seconds, 1e-3)
-        return {"name": name, "in_flight": self.in_flight, "ended": self.ended,
-                "requests_per_s": round(self.ended * per_s, 2), "output_tokens": self.output_tokens,
+        return {"name": name, "in_flight": self.in_flight, "ended": self.ended, "failed": self.failed,
+                "cancelled_at_stop": self.cancelled_at_stop, "requests_per_s": round(self.ended * per_s, 2),
+                "output_tokens": self.output_tokens,
                 "output_tokens_per_s": round(self.output_tokens * per_s, 1),
                 "ttft_p50_ms": ms(self.ttft, 50), "ttft_p99_ms": ms(self.ttft, 99),
                 "tbt_p50_ms": ms(self.tbt, 50), "tbt_p99_ms": ms(self.tbt, 99),
@@ -132,7 +135,10 @@ class LLMStats:
         self.run.output_tokens += len(ttft) + len(tbt)
         met = self._meets_slo(ended)
         for summary, mask in [(self.run, np.ones(len(ended), bool)), *self._summaries(ended[:, 0])]:
-            summary.ended += int(mask.sum())
+            outcome = ended[mask, 1]
+            summary.ended += int((outcome >= 0).sum())
+            summary.failed += int((outcome == 0).sum())
+            summary.cancelled_at_stop += int((outcome < 0).sum())
             summary.slo_met += int(met[mask].sum())
         for summary, mask in [(self.run, np.ones(len(late), bool)), *self._summaries(late)]:
             summary.late += int(mask.sum())

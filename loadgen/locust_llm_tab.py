@@ -35,7 +35,8 @@ CSV_PATH = "/llm_stats/csv"
 def _columns(slo: SLOBounds) -> dict[str, str]:
     bounds = [f"{name} ≤ {value:g} ms" for name, value in (("TBT", slo.tbt_ms), ("TTFT", slo.ttft_ms))
               if value is not None]
-    return {"name": "window from", "in_flight": "in flight", "requests_per_s": "ended/s",
+    return {"name": "window from", "in_flight": "in flight", "cancelled_at_stop": "cancelled at stop",
+            "requests_per_s": "ended/s",
             "output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "TTFT p50 (ms)",
             "ttft_p99_ms": "TTFT p99 (ms)", "tbt_p50_ms": "TBT p50 (ms)", "tbt_p99_ms": "TBT p99 (ms)",
             "slo_met_pct": f"SLO met % ({', '.join(bounds)})" if bounds else "ok % (no SLO given)",

@@ -13,7 +13,7 @@ from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 
 from loadgen.completions import (
-    CANCELLED,
+    CANCELLED_AT_STOP,
     NO_DONE,
     ResponseError,
     apply_sse_event,
@@ -78,7 +78,7 @@ def stream_completion(client: FastHttpSession, spec: RequestSpec, live: LiveEven
             raise
         status, error = "timeout", timeout_error(timeout_s)
     except GreenletExit:
-        status, error, killed = "aborted", CANCELLED, True
+        status, error, killed = "aborted", CANCELLED_AT_STOP, True
     except Exception as e:  # connection and protocol failures: every failure must become a record
         status, error = "error", failure_error(e)
     finally:
@@ -97,7 +97,11 @@ def fire(environment: Environment, name: str, value: float, exception: Exception
 
 def report(environment: Environment, name: str, result: StreamResult) -> None:
     """The Locust request event of one sent request: its E2E (from the intended send time) as the response
-    time, its body size as the response length; a failure unless it ended ok."""
+    time, its body size as the response length; a failure unless it ended ok. A request the test's stop
+    cut off (-t, Stop) is no request event at all: it is neither a response time nor a failure, and the
+    LLM statistics count it as "cancelled at stop"."""
     record = result.record
+    if result.killed:
+        return
     error = None if record.status == "ok" else ResponseError(f"{record.status}: {record.error}")
     fire(environment, name, (record.finish_time - record.intended_send_time) * 1e3, error, result.body_bytes)

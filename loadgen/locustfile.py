@@ -5,7 +5,9 @@
 Every streamed completion is one Locust request of type "LLM" named after --endpoint ("completions" or
 "chat"), its response time the E2E latency from the intended send time; failures (HTTP errors, timeouts,
 aborted) count as failures, and open-loop arrivals dropped at --max-in-flight as failures under
-"dropped". Token-level statistics (output tokens/s, TTFT / TBT percentiles, SLO attainment against
+"dropped". Requests still in flight when the test stops (-t, Stop) are "cancelled at stop": no Locust
+request and no failure (the exit code is unaffected), counted in the LLM statistics' cancelled_at_stop.
+Locust's CSVs, its HTML report, its stdout summary and PREFIX_llm.csv agree on every count. Token-level statistics (output tokens/s, TTFT / TBT percentiles, SLO attainment against
 --slo / --slo-tbt-ms, requests in flight, late sends) go to the web UI's LLM tab and to --csv's
 PREFIX_llm.csv (loadgen.locust_llm_tab), never to the request table.
 
@@ -256,6 +258,11 @@ def _on_init(environment: Environment, runner, **_) -> None:
     if all(steps) and len(steps[0]) != len(steps[1]):
         sys.exit("locustfile: --step-users and --step-qps need the same number of steps")
     install_llm_tab(environment, _live, slo)
+    # gevent's loop time is cached since the loop last ran, before this locustfile's imports: refresh it,
+    # or on a busy machine the -t timer Locust arms next starts seconds in the past and fires at once
+    gevent.get_hub().loop.update_now()
+    if opts.headless and opts.csv_prefix:  # let Locust's CSV writer catch up with the last requests at quit
+        environment.events.quit.add_listener(lambda **_: gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2))
     if not isinstance(runner, WorkerRunner):
         runner.register_message(DONE_MESSAGE, _on_done)
         if any(steps):

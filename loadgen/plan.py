@@ -28,6 +28,20 @@ class RunPlan:
         return self.exp_dir / self.run_id
 
 
+def server_label(cfg: DictConfig) -> str | None:
+    """A server the bench did not start (``target.url``) is labelled with what the bench knows of it:
+    ``target.label``, else the model it serves (``target.served_model``, else its /v1/models id), not with
+    the bench's scheduler and chunk size, which did not configure it. None for a server the bench runs."""
+    url = cfg.target.get("url")
+    if url is None:
+        return None
+    if cfg.target.get("label"):
+        return str(cfg.target.label)
+    from loadgen.targets.server_check import check_server
+
+    return check_server(url.rstrip("/"), cfg.target.get("served_model"))
+
+
 def plan_run(cfg: DictConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
     (not the SLO, which only changes the summary, except for the points of a capacity search).
@@ -35,8 +49,12 @@ def plan_run(cfg: DictConfig, capacity_slo: str | None = None, rerun: bool = Fal
     measured = {key: section(cfg, key) for key in MEASURED_SECTIONS}
     measured["arrival"].pop("qps", None)  # in the id itself
     measured["chunk_size"] = chunk_size(cfg)
+    label = server_label(cfg)
+    if label is not None:  # the bench's scheduler and chunk size do not apply to it
+        measured["scheduler"] = measured["chunk_size"] = None
     settings_digest = digest(measured)
-    point = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), "qps": float(cfg.qps)}
+    point = ({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg)} if label is None
+             else {"scheduler": label, "chunk_size": None}) | {"qps": float(cfg.qps)}
     point_id = make_run_id({**point, "cfg": digest({k: v for k, v in measured.items() if k != "seed"})})
     params = {**point, "point_id": point_id, "model": cfg.model.name, "target": cfg.target.kind, "workload": cfg.workload.name,
               "arrival": cfg.arrival.kind, "seed": int(cfg.seed), "num_requests": int(cfg.num_requests)}

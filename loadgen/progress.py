@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from loadgen.result_block import sweep_table
+
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
@@ -70,10 +72,16 @@ class SweepProgress(Callback):
     skipped: float = 0.0  # jobs' worth of cached runs read back before the first measured run
     measured: bool = False
     finish_at: float | None = None  # epoch seconds the sweep is expected to end
+    summaries: list[dict] = field(default_factory=list)  # of the runs this process measured or read back
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.total, self.swept = sweep_plan(config)
         self.started = time.time()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """A table of the sweep's runs (those of this process: the basic launcher runs them all here)."""
+        if len(self.summaries) > 1:
+            print(f"\nsweep summary ({len(self.summaries)} runs):\n{sweep_table(self.summaries)}", flush=True)
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         global _current
@@ -90,8 +98,11 @@ class SweepProgress(Callback):
         """``, ETA 8 min`` once the pace is known and jobs are left, else empty."""
         return "" if self.finish_at is None else f", ETA {duration(max(self.finish_at - time.time(), 0))}"
 
-    def run_ended(self, point: dict, part: RunPart, seconds: float, cached: bool) -> str:
+    def run_ended(self, point: dict, part: RunPart, seconds: float, cached: bool,
+                  summary: dict | None = None) -> str:
         """Print and return the run's line. ``point``: what names the run when nothing is swept."""
+        if summary is not None:
+            self.summaries.append(summary)
         now, done = time.time(), self.job + part.done
         if not cached:
             self.measured = True

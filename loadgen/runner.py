@@ -1,7 +1,9 @@
 """One measured point: plan it, replay its workload on the live target, write its run directory and
 rebuild the experiment's summary.parquet. A run whose directory already holds summary.json is read
 back instead (resume); a directory without it (an interrupted write) is measured again. Jobs running
-in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.experiment_lock)."""
+in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.experiment_lock).
+``rerun=disturbed`` measures a complete run again when it (or its SLO reference) was disturbed,
+``rerun=all`` (``--force``) every run."""
 from __future__ import annotations
 
 import json
@@ -17,8 +19,10 @@ from loadgen.live_target import LiveTarget
 from loadgen.metrics import pipeline_summary, summarize
 from loadgen.plan import RunPlan, plan_run
 from loadgen.progress import RunPart, current
+from loadgen.result_block import result_block
 from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
-from loadgen.slo import resolve_slo
+from loadgen.run_errors import TargetError
+from loadgen.slo import reference_text, resolve_slo
 from loadgen.workload import build_workload
 
 
@@ -26,12 +30,17 @@ def _fmt(value, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _disturbed_text(s: dict) -> str:
+    share = s.get("engine_cpu_share")
+    return " [disturbed]" if share is None else f" [disturbed: engine got {share:.0%} of its CPU]"
+
+
 def _report(status: str, plan: RunPlan, s: dict) -> None:
     print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
-          f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}), "
+          f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}, {reference_text(s)}), "
           f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
           + (" [client fell behind]" if s["client_fell_behind"] else "")
-          + (f" [disturbed: engine got {s['engine_cpu_share']:.0%} of its CPU]" if s.get("disturbed") else ""),
+          + (_disturbed_text(s) if s.get("disturbed") else ""),
           flush=True)
 
 
@@ -67,6 +76,12 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool) -> dict:
     return {**report.as_summary(), "disturbed": report.disturbed and not virtual_time}
 
 
+def must_rerun(rerun: str, summary: dict) -> bool:
+    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again."""
+    disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed"))
+    return rerun == "all" or (rerun == "disturbed" and disturbed)
+
+
 def _read_summary(plan: RunPlan) -> dict:
     return json.loads((plan.run_dir / "summary.json").read_text())
 
@@ -82,10 +97,10 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
     if rerun:
         part = RunPart(part.done, {**part.extras, "rerun": 1})
     point = {key: plan.params[key] for key in ("scheduler", "chunk_size", "qps") if plan.params[key] is not None}
-    if is_complete(plan.run_dir):
+    if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
         summary = _read_summary(plan)
         _report("cached", plan, summary)
-        progress.run_ended(point, part, time.monotonic() - started, cached=True)
+        progress.run_ended(point, part, time.monotonic() - started, cached=True, summary=summary)
         return summary
     slo = resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
@@ -98,13 +113,17 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
         replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
     if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
         raise KeyboardInterrupt(f"{plan.run_id} was interrupted; nothing recorded")
+    if all(r.status == "error" for r in replay.records):
+        raise TargetError(f"all {len(replay.records)} requests of {plan.run_id} failed (the first: "
+                          f"{replay.records[0].error}); check the target (a server that died? its log is in "
+                          f"{plan.exp_dir / '.logs'}). Nothing recorded")
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.model.runner == "simulated" and cfg.model.clock == "virtual")}
     with experiment_lock(plan.exp_dir):
-        if is_complete(plan.run_dir):  # a parallel job measured the same point first: keep its run
+        if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
             summary = _read_summary(plan)
         else:
             run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
@@ -112,5 +131,6 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
             target.finalize(run_dir)
         rebuild_experiment_summary(plan.exp_dir)
     _report("done", plan, summary)
-    progress.run_ended(point, part, time.monotonic() - started, cached=False)
+    print(result_block(summary), flush=True)
+    progress.run_ended(point, part, time.monotonic() - started, cached=False, summary=summary)
     return summary

@@ -68,9 +68,14 @@ def poisson(rng: np.random.Generator, n: int, qps: float) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / qps, n - 1))])
 
 
-def gamma(rng: np.random.Generator, n: int, qps: float, cv: float) -> np.ndarray:
-    """Gamma inter-arrival gaps with mean 1/qps and coefficient of variation cv (cv=1: Poisson)."""
+def gamma(rng: np.random.Generator, n: int, qps: float, cv: float = 1.0,
+          burstiness: float | None = None) -> np.ndarray:
+    """Gamma inter-arrival gaps with mean 1/qps and coefficient of variation cv (cv=1: Poisson), or
+    vLLM's ``--burstiness`` (the gamma shape: cv = 1 / sqrt(burstiness); < 1 burstier than Poisson)."""
     _positive("arrival.qps", qps)
+    if burstiness is not None:
+        _positive("arrival.burstiness", burstiness)
+        cv = burstiness ** -0.5
     _positive("arrival.cv", cv)
     shape = 1.0 / cv**2
     return np.concatenate([[0.0], np.cumsum(rng.gamma(shape, 1.0 / (qps * shape), n - 1))])
@@ -126,6 +131,20 @@ def uniform(rng: np.random.Generator, n: int, prompt_lo: int, prompt_hi: int,
             _power_law(rng, n, "output", output_lo, output_hi, 0.0))
 
 
+def random_lengths(rng: np.random.Generator, n: int, input_len: int, output_len: int,
+                   range_ratio: float = 0.0) -> Lengths:
+    """vLLM's ``bench serve --dataset-name random``: uniform integers in [len x (1 - range_ratio),
+    len x (1 + range_ratio)], at least 1."""
+    require(is_number(range_ratio) and 0 <= range_ratio < 1, "lengths.range_ratio", "a number in [0, 1)",
+            range_ratio)
+    bounds = []
+    for key, length in (("input_len", input_len), ("output_len", output_len)):
+        require(is_int(length) and length >= 1, f"lengths.{key}", "an integer >= 1", length)
+        bounds.append((max(1, int(length * (1 - range_ratio))), int(length * (1 + range_ratio))))
+    return tuple(_power_law(rng, n, key, lo, hi, 0.0) for key, (lo, hi) in zip(("prompt", "output"), bounds,
+                                                                              strict=True))
+
+
 def zipf(rng: np.random.Generator, n: int, prompt_lo: int, prompt_hi: int,
          output_lo: int, output_hi: int, alpha: float = 1.0) -> Lengths:
     """Bounded Zipf: many short requests, a heavy tail of long ones (bounds inclusive)."""
@@ -150,7 +169,7 @@ def trace_lengths(rng: np.random.Generator, n: int, name: str, scale: float = 1.
 
 
 LENGTHS: dict[str, Callable[..., Lengths]] = {
-    "fixed": fixed, "uniform": uniform, "zipf": zipf, "trace": trace_lengths,
+    "fixed": fixed, "uniform": uniform, "random": random_lengths, "zipf": zipf, "trace": trace_lengths,
 }
 
 

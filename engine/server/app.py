@@ -196,7 +196,7 @@ def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None
         chat = isinstance(body, ChatCompletionRequest)
         fmt = OpenAIFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", st.model_name)
         if body.stream:
-            return SSEResponse(stream_events(gen, fmt, body.include_usage), on_close=gen.close,
+            return SSEResponse(stream_events(gen, fmt, body.include_usage, body.continuous_usage), on_close=gen.close,
                                headers={"Cache-Control": "no-cache"})
         try:
             return JSONResponse(await until_disconnected(request, collect(gen, fmt, len(prompts))))

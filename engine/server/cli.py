@@ -10,17 +10,32 @@ from __future__ import annotations
 import signal
 import sys
 
-from engine.hydra_groups import compose, engine_kwargs_from_groups, one_line, override, require, server_kwargs
+from engine.hydra_groups import (
+    CONF_DIR,
+    compose,
+    engine_kwargs_from_groups,
+    one_line,
+    override,
+    require,
+    server_kwargs,
+)
 from engine.server.app import ServerConfig, build_app
 from engine.server.launcher import uvicorn_server
 
 CONFIG_NAME = "serve"
-USAGE = """usage: stallfree-serve [KEY=VALUE ...] [--api-key KEY] [--host HOST] [--port PORT]
 
+
+def _options(group: str) -> str:
+    return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+
+USAGE = f"""usage: stallfree-serve [MODEL_OR_PATH] [KEY=VALUE ...] [--api-key KEY] [--host HOST] [--port PORT]
+
+MODEL_OR_PATH (as `vllm serve`): a model preset, or an HF checkpoint directory (model=path model.path=DIR).
 Hydra overrides of conf/serve.yaml, e.g.
-  stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000
-  stallfree-serve model=path model.path=/ckpt/llama scheduler=vllm api_key=secret
-Groups: model (tiny, small, path), scheduler (vllm, orca, faster_transformer, sarathi, chunked_prefill).
+  stallfree-serve small scheduler=sarathi chunk_size=512 port=8000
+  stallfree-serve /ckpt/llama scheduler=vllm --api-key secret
+Groups: model ({_options("model")}), scheduler ({_options("scheduler")}).
 Server keys: host, port (0: a free port), api_key, metrics_require_api_key, max_waiting, max_body_bytes,
 served_model_name, timeout_graceful_shutdown, log_level, body_read_timeout_s, header_read_timeout_s,
 timeout_keep_alive_s, batch_history_max_records, batch_history_max_age_s. Prints a "ready" line once it
@@ -34,6 +49,10 @@ FLAGS = {"--api-key": "api_key", "--host": "host", "--port": "port"}
 def _overrides(args: list[str]) -> list[str]:
     """Hydra overrides, with ``--api-key KEY`` / ``--port=N`` style flags turned into ``key=value``."""
     out, rest = [], iter(args)
+    if args and "=" not in args[0] and not args[0].startswith("-"):  # MODEL_OR_PATH
+        first = next(rest)
+        out += [f"model={first}"] if (CONF_DIR / "model" / f"{first}.yaml").is_file() else [
+            "model=path", override("model.path", first)]
     for arg in rest:
         flag, eq, value = arg.partition("=")
         if flag in FLAGS:
@@ -67,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine_kwargs, cfg = _configs(args)
         app = build_app(engine_kwargs, cfg)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads
+        print("stallfree-serve: interrupted while loading the model", file=sys.stderr)
+        return 130
     except Exception as exc:  # any bad value: one line, no traceback
         print(f"stallfree-serve: error: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -61,13 +61,23 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def stream_events(gen: Generation, fmt: OpenAIFormat, include_usage: bool) -> AsyncIterator[str]:
+async def stream_events(gen: Generation, fmt: OpenAIFormat, include_usage: bool,
+                        continuous_usage: bool = False) -> AsyncIterator[str]:
     """The SSE body: a chunk per token, the usage chunk if asked, an error event if the engine failed,
-    then ``data: [DONE]``."""
+    then ``data: [DONE]``. ``continuous_usage`` (vLLM's ``continuous_usage_stats``): every token chunk
+    also carries its choice's usage so far, so a client counts generated tokens exactly, special
+    tokens (which stream as empty text) included."""
     started: set[int] = set()
+    counts = [0] * len(gen.choices)
     try:
         async for ev in gen.events():
-            yield sse(fmt.chunk(ev, first=ev.index not in started))
+            chunk = fmt.chunk(ev, first=ev.index not in started)
+            counts[ev.index] += 1
+            if continuous_usage:
+                prompt = gen.choices[ev.index].num_prompt_tokens
+                chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": counts[ev.index],
+                                  "total_tokens": prompt + counts[ev.index]}
+            yield sse(chunk)
             started.add(ev.index)
         if include_usage:
             yield sse(fmt.usage_chunk(gen.usage, gen.timings if len(gen.choices) == 1 else None))

@@ -45,11 +45,14 @@ StopStrings = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_S
 StopTokenIds = Annotated[list[bounded(int, "stop_token_ids")], Field(max_length=SIZES["stop_token_ids"].max_items)]
 LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,19}$")], bounded(float, "logit_bias")],
                       Field(max_length=SIZES["logit_bias"].max_items)]
-# Fields the server checks but does not implement: any other value than these is a 400 naming the field.
+# OpenAI / vLLM parameters the server does not implement, and the values that ask for nothing: any other
+# value is a 400 naming the parameter, never silently ignored (clients rely on them). The first eight are
+# fields with a range (checked first); the others are not fields of the schema.
 NOT_SUPPORTED: dict[str, tuple] = {
     "min_p": (None, 0), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None,),
-    "echo": (False,),
+    "echo": (False,), "best_of": (None, 1), "suffix": (None,), "use_beam_search": (False,),
+    "prompt_logprobs": (None,), "tools": (None, []), "response_format": (None,), "min_tokens": (None, 0),
 }
 
 
@@ -95,12 +98,14 @@ def validation_error(exc: RequestValidationError) -> APIError:
 
 
 class _Model(BaseModel):
-    # strict: no silent coercion ("10" or true are not integers); unknown fields are ignored like vLLM does
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+    # strict: no silent coercion ("10" or true are not integers); unknown fields are kept apart (model_extra)
+    # and otherwise ignored like vLLM does, except the ones NOT_SUPPORTED names
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
 
 
 class StreamOptions(_Model):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # with include_usage: usage in every chunk (vLLM's extension)
 
 
 class _GenerationRequest(_Model):
@@ -132,11 +137,16 @@ class _GenerationRequest(_Model):
 
     def check_supported(self) -> None:
         """A 400 naming the first field set to a value this server does not implement (NOT_SUPPORTED)."""
+        given = {**(self.model_extra or {}), **{name: getattr(self, name) for name in type(self).model_fields}}
         for name, accepted in NOT_SUPPORTED.items():
-            if name in type(self).model_fields and (value := getattr(self, name)) not in accepted:
+            if name in given and (value := given[name]) not in accepted:
                 shown = " or ".join(json.dumps(a) for a in accepted)
                 raise APIError(400, f"{name}: {short_repr(value)} is not supported by this server (only {shown})",
                                param=name, code="unsupported_parameter")
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(_GenerationRequest):

@@ -28,6 +28,7 @@ from loadgen.bench_config import model_vocab_size
 from loadgen.records import RequestRecord
 from loadgen.targets.base import Progress, Replay
 from loadgen.targets.serve_process import ServeProcess
+from loadgen.targets.server_check import check_server
 from loadgen.workload import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
@@ -92,7 +93,8 @@ class LocustTarget:
             server = self._resources.enter_context(ServeProcess(cfg, log_dir))
             self.url, self.served_model, self.engine_pid = server.url, cfg.model.name, server.process.pid
         else:
-            self.url, self.served_model, self.engine_pid = t.url.rstrip("/"), t.served_model, None
+            self.url, self.engine_pid = t.url.rstrip("/"), None
+            self.served_model = check_server(self.url, t.served_model)
         self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
         self.endpoint = t.endpoint
         self.work_dir = log_dir / "locust"

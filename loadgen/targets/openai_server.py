@@ -16,6 +16,7 @@ from loadgen.records import RequestRecord
 from loadgen.targets.base import Progress, Replay
 from loadgen.targets.batch_poller import BatchPoller
 from loadgen.targets.serve_process import ServeProcess
+from loadgen.targets.server_check import check_server
 from loadgen.workload import RequestSpec
 
 
@@ -50,8 +51,8 @@ class UrlTarget(_OpenLoopHttpTarget):
     """target=url: the running server at ``target.url``."""
 
     def __init__(self, cfg: DictConfig, log_dir: Path):
-        super().__init__(cfg, cfg.target.served_model)
         self.url = cfg.target.url.rstrip("/")
+        super().__init__(cfg, check_server(self.url, cfg.target.served_model))
 
 
 class HttpTarget(_OpenLoopHttpTarget):

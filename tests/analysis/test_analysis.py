@@ -4,6 +4,7 @@ SYNTHETIC results set of tests/fakes/synthetic_results.py (a stand-in until an e
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -210,3 +211,33 @@ def test_report_missing_dir(tmp_path, capsys):
     assert report.main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "results directory not found" in err and "Traceback" not in err
+
+
+def test_report_in_headless_chromium(built):
+    """The report as a browser shows it: every section and figure renders, tables have no index column
+    and no <NA>, and nothing runs off the page (wide tables scroll in their own box)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')")
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip("needs Chromium at /usr/bin/chromium")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1000, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto((built / "report.html").resolve().as_uri())
+        for title in report.SECTIONS.values():
+            assert page.get_by_role("heading", name=title).first.is_visible()
+        images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth])")
+        assert images and all(done and width > 0 for done, width in images)
+        tables = page.locator("table.stallfree-table")
+        assert tables.count() >= 2
+        assert "<NA>" not in page.inner_text("body") and "NaN" not in page.inner_text("body")
+        for i in range(tables.count()):
+            first_header = tables.nth(i).locator("thead th").first.inner_text().strip()
+            assert first_header, "an index column has an empty header"
+            overflow = tables.nth(i).evaluate("t => getComputedStyle(t.parentElement).overflowX")
+            assert overflow == "auto"
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        assert not errors, errors
+        browser.close()

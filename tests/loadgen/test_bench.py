@@ -171,3 +171,19 @@ def test_a_preset_sweeps_without_m_and_prints_each_runs_place(tmp_path):
     again = bench(["-m", *args], tmp_path)  # -m still works; a finished sweep is read back
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("[cached]") == 4 and "[4/4] scheduler=sarathi qps=8 cached" in again.stdout
+
+
+def test_rerun_disturbed_and_force_measure_a_complete_run_again(tmp_path):
+    args = ["model.runner=simulated", "model.clock=virtual", "num_requests=4", "experiment_name=again",
+            f"results_dir={tmp_path}"]
+    assert bench(args, tmp_path).stdout.count("[done]") == 1
+    assert bench([*args, "rerun=disturbed"], tmp_path).stdout.count("[cached]") == 1
+    [run_dir] = run_dirs(tmp_path / "again")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "disturbed": True, "engine_cpu_share": 0.5}))
+    assert bench(args, tmp_path).stdout.count("[cached]") == 1
+    again = bench([*args, "rerun=disturbed"], tmp_path)
+    assert again.stdout.count("[done]") == 1 and not json.loads((run_dir / "summary.json").read_text())["disturbed"]
+    forced = bench(["--force", *args], tmp_path)
+    assert forced.returncode == 0 and forced.stdout.count("[done]") == 1
+    assert "rerun must be one of" in bench([*args, "rerun=maybe"], tmp_path).stderr

@@ -287,3 +287,4 @@ def test_web_ui_llm_tab_shows_live_token_statistics(tiny_url):
     finally:
         ui.terminate()
         ui.wait(timeout=30)
+

@@ -100,3 +100,18 @@ def test_without_a_sweep_the_run_is_named_by_its_point(clock):
                                            (5400, "1.5 h")])
 def test_duration(seconds, text):
     assert duration(seconds) == text
+
+
+def test_result_block_and_sweep_table_in_vllm_bench_serve_terms():
+    from loadgen.result_block import result_block, sweep_table
+
+    summary = {"completed": 10, "failed": 1, "duration": 5.0, "total_input_tokens": 100, "total_output_tokens": 50,
+               "request_throughput": 2.0, "output_throughput": 10.0, "total_token_throughput": 30.0,
+               "median_ttft_ms": 12.5, "p99_itl_ms": 7.25, "scheduler": "sarathi", "chunk_size": 512, "qps": 1.0}
+    block = result_block(summary).splitlines()
+    assert block[0].startswith("=") and "Serving Benchmark Result" in block[0]
+    assert "Median TTFT (ms):                       12.50" in block and "P99 ITL (ms):                           7.25" in block
+    assert "Output token throughput (tok/s):        10.00" in block and "Mean TPOT (ms):                         -" in block
+    table = sweep_table([summary, {**summary, "scheduler": "vllm", "chunk_size": None, "disturbed": True}]).splitlines()
+    assert table[0].split()[:3] == ["policy", "chunk", "qps"] and len(table) == 3
+    assert table[2].split()[:2] == ["vllm", "-"] and table[2].endswith("disturbed")

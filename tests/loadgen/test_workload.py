@@ -136,3 +136,18 @@ def test_bad_builder_arguments_name_the_key():
         build_workload({"kind": "burst"}, FIXED, 1, 0, vocab_size=10)
     with pytest.raises(ValueError, match="num_requests must be <= the 19366 rows"):
         build_workload({"kind": "trace"}, FIXED, 20_000, 0, vocab_size=100)
+
+
+def test_random_lengths_and_burstiness_as_vllm_bench_serve():
+    from loadgen.workload import build_workload
+
+    specs = build_workload({"kind": "burst"}, {"kind": "random", "input_len": 100, "output_len": 20,
+                                               "range_ratio": 0.5}, 2000, 0, 32000)
+    prompts = np.array([len(s.prompt_token_ids) for s in specs])
+    outputs = np.array([s.max_tokens for s in specs])
+    assert (prompts.min(), prompts.max(), outputs.min(), outputs.max()) == (50, 150, 10, 30)
+    assert abs(prompts.mean() - 100) < 3
+    arrivals = build_workload({"kind": "gamma", "qps": 10.0, "cv": 9.0, "burstiness": 0.25},
+                              {"kind": "fixed", "prompt": 4, "output": 2}, 4000, 0, 32000)
+    gaps = np.diff([s.send_offset_s for s in arrivals])
+    assert abs(gaps.std() / gaps.mean() - 2.0) < 0.2  # burstiness 0.25: cv 2, whatever cv says
