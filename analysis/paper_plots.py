@@ -9,19 +9,20 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.figure_style import finish, message, style
 from analysis.paper import DEPLOYMENTS, POLICIES
-from analysis.plots import _finish, _message, _style, policy_palette
+from analysis.plots import policy_palette
 
 
 def capacity_bars(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Capacity (QPS) per policy, annotated with the ratio to vllm, for every deployment, trace and SLO."""
     table = table[table["policy"].isin(POLICIES)].dropna(subset=["capacity_qps"])
     if table.empty:
-        return _message("No capacity searches of simulated deployments: run `make paper`.", save)
+        return message("No capacity searches of simulated deployments: run `make paper`.", save)
     deployments = [d for d in DEPLOYMENTS if d in set(table["deployment"])]
     panels = list(dict.fromkeys(zip(table["trace"], table["slo"], strict=True)))
     palette = policy_palette(list(POLICIES))
-    with _style():
+    with style():
         fig = Figure(figsize=(3.2 * len(panels), 2.6 * len(deployments)), layout="constrained")
         axes = fig.subplots(len(deployments), len(panels), squeeze=False)
         for row, deployment in zip(axes, deployments, strict=True):
@@ -39,16 +40,16 @@ def capacity_bars(table: pd.DataFrame, save: str | Path | None = None) -> Figure
                 ax.margins(y=0.35)
                 ax.grid(axis="x", visible=False)
             row[0].set_ylabel("capacity (QPS)")
-        return _finish(fig, save)
+        return finish(fig, save)
 
 
 def headline_bars(headline: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """The paper's headline capacity gains beside the project's (analysis.paper.headline)."""
     if headline["ours"].isna().all():
-        return _message("No sarathi / baseline capacity pairs yet: run `make paper`.", save)
+        return message("No sarathi / baseline capacity pairs yet: run `make paper`.", save)
     labels = [f"{r.deployment}\nover {r.over}" for r in headline.itertuples()]
     x = range(len(labels))
-    with _style():
+    with style():
         fig = Figure(figsize=(1.6 * len(labels) + 2, 4.2), layout="constrained")
         ax = fig.subplots()
         paper = ax.bar([i - 0.2 for i in x], headline["paper"], width=0.4, color="0.6", label="paper (GPU)")
@@ -63,4 +64,4 @@ def headline_bars(headline: pd.DataFrame, save: str | Path | None = None) -> Fig
         ax.legend(fontsize=8)
         ax.margins(y=0.15)
         ax.grid(axis="x", visible=False)
-        return _finish(fig, save)
+        return finish(fig, save)

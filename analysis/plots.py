@@ -4,8 +4,7 @@ figure that says what is missing instead of raising."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +14,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator
 
 from analysis.capacity import BASELINE
+from analysis.figure_style import finish, log_scale, message, style
 from analysis.load import NO_CHUNK, POLICIES
 from analysis.pareto import pareto_front
 from analysis.repeats import repeat_summary
@@ -33,7 +32,6 @@ KIND_COLORS = {"prefill": "#d62728", "hybrid": "#9467bd", "decode": "#7f7f7f"}
 STALL_COLOR = "#ffcccc"
 REQUEST_COLORS = ("#0173b2", "#de8f05", "#029e73", "#56b4e9", "#ece133")
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
-DPI = 120
 
 
 def figure_dir(results_dir: str | Path, override: str | Path | None = None) -> Path:
@@ -56,9 +54,9 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
     matching the latency metric."""
     points = runs.dropna(subset=[c for c in (latency, throughput) if c in runs])
     if points.empty or not {latency, throughput} <= set(points.columns):
-        return _message(f"No runs with {LABELS.get(latency, latency)} and throughput.", save)
+        return message(f"No runs with {LABELS.get(latency, latency)} and throughput.", save)
     points = repeat_summary(points, [latency, throughput])
-    with _style():
+    with style():
         fig = Figure(figsize=(8.5, 5.2), layout="constrained")
         ax = fig.subplots()
         palette = policy_palette(points["scheduler"])
@@ -71,7 +69,7 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
             ax.plot(line[latency], line[throughput], color=palette[scheduler], lw=1.8, alpha=0.7, zorder=2)
         _intervals(ax, points, latency, throughput, palette)
         _mark_disturbed(fig, ax, points, latency, throughput, palette)
-        _log_scale(ax, "x")
+        log_scale(ax, "x")
         _slo_lines(ax, _configured_slo(points, latency) if slos is None else slos, vertical=True)
         ax.set(xlabel=LABELS.get(latency, latency), ylabel=LABELS.get(throughput, throughput),
                title=f"{LABELS.get(throughput, throughput)} vs {LABELS.get(latency, latency)}")
@@ -79,7 +77,7 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
         ax.legend([*handles, Line2D([], [], color="0.4", lw=1.8)],
                   [*(LABELS.get(label, label) for label in labels), "Pareto frontier"],
                   loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=9)
-        return _finish(fig, save)
+        return finish(fig, save)
 
 
 def _intervals(ax: Axes, points: pd.DataFrame, x: str, y: str, palette: Mapping[str, tuple]) -> None:
@@ -111,14 +109,14 @@ def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure
     on several seeds is their mean, with its 95% interval as an error bar."""
     table = table.dropna(subset=["capacity_qps"])
     if table.empty:
-        return _message("No capacity data: no capacity.json, no capacity-search runs and no sweep runs.",
+        return message("No capacity data: no capacity.json, no capacity-search runs and no sweep runs.",
                         save)
     many = table["experiment"].nunique() > 1
     bars = table.assign(label=(table["experiment"] + "\n" if many else "") + table["config"])
     slos = bars.drop_duplicates("slo_name")[["slo_name", "slo_tbt_ms"]].itertuples(index=False)
     palette = policy_palette(bars["scheduler"])
     labels = list(dict.fromkeys(bars["label"]))
-    with _style():
+    with style():
         n_panels = bars["slo_name"].nunique()
         fig = Figure(figsize=(max(6.0, 1.2 * len(labels) * n_panels + 1.5), 4.8), layout="constrained")
         axes = fig.subplots(1, n_panels, sharey=True, squeeze=False)[0]
@@ -143,7 +141,7 @@ def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure
             ax.grid(axis="x", visible=False)
         if not (bars["scheduler"] == BASELINE).any():
             fig.suptitle(f"no {BASELINE} runs: ratios to {BASELINE} not available", fontsize=10)
-        return _finish(fig, save)
+        return finish(fig, save)
 
 
 def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.DataFrame,
@@ -156,12 +154,12 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
     row is drawn."""
     followed = long_requests(gaps, n_requests)
     if runs.empty or followed.empty:
-        return _message("No runs with per-token times to draw a stall timeline.", save)
+        return message("No runs with per-token times to draw a stall timeline.", save)
     batches = batches[batches["run_id"].isin(runs["run_id"])]
     utilisation = bool("mfu" in batches and batches["mfu"].notna().any())
     labels = ["Tokens per iteration", "Iteration time (ms)", *(["MFU / MBU (%)"] * utilisation),
               "TBT (ms)"][-1 if batches.empty else 0:]
-    with _style():
+    with style():
         fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * len(labels) + 0.6), layout="constrained")
         axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False)
         windows = {}
@@ -189,9 +187,9 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
                     _utilisation_panel(col[2], run_batches[visible], t0)
         for ax, label in zip(axes[:, 0], labels, strict=True):
             ax.set_ylabel(label)
-        _log_scale(axes[-1, 0], "y")
+        log_scale(axes[-1, 0], "y")
         if len(labels) >= 3:
-            _log_scale(axes[1, 0], "y")
+            log_scale(axes[1, 0], "y")
             axes[0, -1].legend(handles=[Patch(color=KIND_COLORS["prefill"], label="prefill tokens"),
                                         Patch(color=KIND_COLORS["decode"], label="decode tokens"),
                                         Patch(color=STALL_COLOR, label="decode stall")],
@@ -199,7 +197,7 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
             axes[1, -1].legend(handles=[Patch(color=c, label=k if k == "hybrid" else f"{k}-only")
                                         for k, c in KIND_COLORS.items()], title="iteration",
                                loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
-        return _finish(fig, save)
+        return finish(fig, save)
 
 
 def _tbt_panel(ax: Axes, followed: pd.DataFrame, t0: float, slos: Mapping[str, float]) -> None:
@@ -251,14 +249,14 @@ def _configured_slo(runs: pd.DataFrame, latency: str) -> dict[str, float]:
 
 
 def _slo_lines(ax: Axes, slos: Mapping[str, float], vertical: bool) -> None:
-    for (name, value), style in zip(slos.items(), ("--", ":", "-."), strict=False):
+    for (name, value), line_style in zip(slos.items(), ("--", ":", "-."), strict=False):
         label = f"{name} SLO {value:.0f} ms"
         if vertical:
-            ax.axvline(value, color="0.3", ls=style, lw=1.2, zorder=1)
+            ax.axvline(value, color="0.3", ls=line_style, lw=1.2, zorder=1)
             ax.text(value, 0.02, label, transform=ax.get_xaxis_transform(), rotation=90,
                     va="bottom", ha="right", fontsize=8, color="0.3", bbox=LABEL_BOX)
         else:
-            ax.axhline(value, color="0.3", ls=style, lw=1.2, zorder=1)
+            ax.axhline(value, color="0.3", ls=line_style, lw=1.2, zorder=1)
             ax.text(0.01, value, label, transform=ax.get_yaxis_transform(), va="bottom",
                     fontsize=8, color="0.3", bbox=LABEL_BOX)
 
@@ -269,37 +267,3 @@ def _capacity_text(row) -> str:
     if row.scheduler == BASELINE or pd.isna(row.ratio_to_vllm):
         return f"{row.capacity_qps:g}"
     return f"{row.capacity_qps:g}\n{row.ratio_to_vllm:.1f}× {BASELINE}"
-
-
-def _log_scale(ax: Axes, which: str) -> None:
-    """Log scale on axis `which` ("x" / "y") with plain tick labels at 1, 2, 5 x 10^k, and at the
-    minor ticks too while the view spans under 0.8 decades (else a narrow range shows one label)."""
-    getattr(ax, f"set_{which}scale")("log")
-    axis = getattr(ax, f"{which}axis")
-
-    def minor_label(value: float, _: int) -> str:
-        low, high = axis.get_view_interval()
-        return f"{value:g}" if np.log10(high / low) < 0.8 else ""
-
-    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axis.set_minor_formatter(FuncFormatter(minor_label))
-
-
-def _message(text: str, save: str | Path | None) -> Figure:
-    fig = Figure(figsize=(7, 1.6))
-    fig.text(0.5, 0.5, text, ha="center", va="center", fontsize=11, color="0.3", wrap=True)
-    return _finish(fig, save)
-
-
-def _finish(fig: Figure, save: str | Path | None) -> Figure:
-    if save is not None:
-        Path(save).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save, dpi=DPI)
-    return fig
-
-
-@contextmanager
-def _style() -> Iterator[None]:
-    with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.9):
-        yield

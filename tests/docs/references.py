@@ -102,7 +102,7 @@ def broken_references(path: Path, text: str, *, outputs_exist: bool = True) -> l
             if "*" in file:
                 if not list(ROOT.glob(file)):
                     broken.append(file)
-            elif not (ROOT / file).exists():
+            elif not (ROOT / file).exists() and not (ROOT / f"{file}.py").exists():  # a module named without .py
                 broken.append(file)
             elif name and file.endswith(".py") and name not in defined_names(ROOT / file):
                 broken.append(f"{file}:{name}")
