@@ -25,7 +25,6 @@ from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
 from loadgen.live_target import LiveTarget
 from loadgen.run_errors import exit_on_error
 from loadgen.runner import run_repeats
-from loadgen.studies import run_study
 
 PROG = "stallfree-bench"
 INTERRUPTED = "interrupted; complete runs are kept: run the same command again to resume"
@@ -46,6 +45,8 @@ def _app(cfg: DictConfig) -> None:
         if cfg.mode == "capacity":
             run_search(cfg, _targets)
         elif cfg.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
+            from loadgen.studies import run_study  # torch: only once a study runs (--help stays fast)
+
             run_study(cfg)
         else:
             run_repeats(cfg, _targets)

@@ -3,6 +3,7 @@
 _sum over the increase of _count between two scrapes). Plain Python, no Locust; the tab polls it."""
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.request
 from collections.abc import Callable
@@ -49,7 +50,7 @@ class ServerUtilisation:
         now = time.time() if now is None else now
         try:
             sample = parse_utilisation(self.fetch(self.url, self.headers))
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):  # a server cut off mid-page at the stop
             return
         if self.last is not None and sample:
             begin = self.start + max(0, (now - self.start) // WINDOW_S) * WINDOW_S
