@@ -7,6 +7,7 @@ In process (tests, the bench harness): ``engine.server.start_server`` (engine/se
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -87,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         engine_kwargs, cfg = _configs(args)
         app = build_app(engine_kwargs, cfg)
     except KeyboardInterrupt:  # Ctrl-C while the model loads
-        print("stallfree-serve: interrupted while loading the model", file=sys.stderr)
-        return 130
+        print("stallfree-serve: interrupted while loading the model", file=sys.stderr, flush=True)
+        # The engine thread may still be inside native code (a kernel build, torch's loading): ending the
+        # interpreter around it aborts the process ("terminate called ..."), so leave at once.
+        os._exit(130)
     except Exception as exc:  # any bad value: one line, no traceback
         print(f"stallfree-serve: error: {one_line(exc)}", file=sys.stderr)
         return 2
