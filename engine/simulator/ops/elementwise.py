@@ -38,20 +38,15 @@ def shape_widths(shape: ModelShape, tp: int) -> dict[str, int]:
 def elementwise_models(gpu: str, exclude_models: frozenset[str] = frozenset()) -> dict[str, ShapeInterpolator]:
     """Operator -> an interpolator over every profiled (model, TP) curve of it on this GPU."""
     curves: dict[str, list[TokenCurve]] = defaultdict(list)
-    for file in profile_data.compute_files(gpu):
-        model = profile_data.model_name(file)
-        if model in exclude_models:
-            continue
-        config, points = profile_data.compute_points(file)
-        for tp, row in sorted(config.items()):
-            hidden, heads = int(row["n_embd"]), int(row["n_head"])
-            op_widths = widths(hidden, heads, int(row["n_kv_head"]), hidden // heads, int(row["n_expanded_embd"]),
-                               row["use_gated_mlp"] == "True", tp)
-            for op, columns in PROFILE_COLUMNS.items():
-                for column in columns:
-                    if (tp, column) in points:  # phi-2 has one norm per layer
-                        curves[op].append(TokenCurve.of((op_widths[op],), points[tp, column],
-                                                        source=f"{model} tp{tp} {column}"))
+    for model, tp, row, points in profile_data.profiled_configs(gpu, exclude_models):
+        hidden, heads = int(row["n_embd"]), int(row["n_head"])
+        op_widths = widths(hidden, heads, int(row["n_kv_head"]), hidden // heads, int(row["n_expanded_embd"]),
+                           row["use_gated_mlp"] == "True", tp)
+        for op, columns in PROFILE_COLUMNS.items():
+            for column in columns:
+                if (tp, column) in points:  # phi-2 has one norm per layer
+                    curves[op].append(TokenCurve.of((op_widths[op],), points[tp, column],
+                                                    source=f"{model} tp{tp} {column}"))
     if not curves:
         raise ValueError(f"no elementwise profiles for gpu {gpu!r}")
     return {op: ShapeInterpolator(tuple(c)) for op, c in curves.items()}

@@ -47,15 +47,10 @@ def profile_gemms(row: dict[str, str], tp: int) -> dict[str, tuple[int, int]]:
 def gemm_curves(gpu: str, exclude_models: frozenset[str] = frozenset()) -> list[TokenCurve]:
     """One curve per profiled (model, TP, linear operator) on this GPU."""
     curves = []
-    for file in profile_data.compute_files(gpu):
-        model = profile_data.model_name(file)
-        if model in exclude_models:
-            continue
-        config, points = profile_data.compute_points(file)
-        for tp, row in sorted(config.items()):
-            for op, column in PROFILE_COLUMNS.items():
-                curves.append(TokenCurve.of(profile_gemms(row, tp)[op], points[tp, column],
-                                            source=f"{model} tp{tp} {op}"))
+    for model, tp, row, points in profile_data.profiled_configs(gpu, exclude_models):
+        for op, column in PROFILE_COLUMNS.items():
+            curves.append(TokenCurve.of(profile_gemms(row, tp)[op], points[tp, column],
+                                        source=f"{model} tp{tp} {op}"))
     if not curves:
         raise ValueError(f"no GEMM profiles for gpu {gpu!r}")
     return curves

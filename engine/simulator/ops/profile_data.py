@@ -9,6 +9,7 @@ import csv
 import functools
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
@@ -57,3 +58,15 @@ def compute_points(file: str) -> tuple[dict[int, dict[str, str]], dict[tuple[int
                 column = key.removeprefix("time_stats.").removesuffix(".median")
                 points.setdefault((tp, column), {}).setdefault(int(row["num_tokens"]), []).append(ms(value))
     return config, points
+
+
+def profiled_configs(gpu: str, exclude_models: frozenset[str] = frozenset(),
+                     ) -> Iterator[tuple[str, int, dict[str, str], dict[tuple[int, str], dict[int, list[float]]]]]:
+    """(model, TP, its config row, the model's points) of every profiled model and TP degree on ``gpu``."""
+    for file in compute_files(gpu):
+        model = model_name(file)
+        if model in exclude_models:
+            continue
+        config, points = compute_points(file)
+        for tp, row in sorted(config.items()):
+            yield model, tp, row, points
