@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import label_configs
+from stallfree.analysis.load import label_configs
 
 BASELINE = "vllm"
 STRICT_FACTOR = 5.0

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.figure_style import finish, message, style
-from analysis.paper import DEPLOYMENTS, POLICIES
-from analysis.plots import policy_palette
+from stallfree.analysis.figure_style import finish, message, style
+from stallfree.analysis.paper import DEPLOYMENTS, POLICIES
+from stallfree.analysis.plots import policy_palette
 
 
 def capacity_bars(table: pd.DataFrame, save: str | Path | None = None) -> Figure:

@@ -9,9 +9,9 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from analysis.figure_style import finish, log_scale, message, style
-from analysis.phases import SPLIT, chunking_overhead, shape_medians, split_medians, title
-from analysis.plots import KIND_COLORS
+from stallfree.analysis.figure_style import finish, log_scale, message, style
+from stallfree.analysis.phases import SPLIT, chunking_overhead, shape_medians, split_medians, title
+from stallfree.analysis.plots import KIND_COLORS
 
 SPLIT_COLORS = {"linear_s": "#0173b2", "attention_s": "#de8f05", "other_s": "#bbbbbb"}
 SPLIT_LABELS = {"linear_s": "linear layers", "attention_s": "attention", "other_s": "everything else"}

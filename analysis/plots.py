@@ -15,12 +15,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from analysis.capacity import BASELINE
-from analysis.figure_style import finish, log_scale, message, style
-from analysis.load import NO_CHUNK, POLICIES
-from analysis.pareto import pareto_front
-from analysis.repeats import repeat_summary
-from analysis.stalls import long_requests
+from stallfree.analysis.capacity import BASELINE
+from stallfree.analysis.figure_style import finish, log_scale, message, style
+from stallfree.analysis.load import NO_CHUNK, POLICIES
+from stallfree.analysis.pareto import pareto_front
+from stallfree.analysis.repeats import repeat_summary
+from stallfree.analysis.stalls import long_requests
 
 LABELS = {
     "p99_tbt_ms": "P99 TBT (ms)", "median_tbt_ms": "P50 TBT (ms)", "median_ttft_ms": "P50 TTFT (ms)",

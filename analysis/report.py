@@ -17,11 +17,10 @@ from jupyter_client.manager import AsyncKernelManager
 from nbconvert import HTMLExporter
 from traitlets import default
 
-import analysis
-from analysis.load import load_runs
-from analysis.paper import capacity_table
-from analysis.phases import find_phases
-from analysis.vllm_format import export_vllm
+from stallfree.analysis.load import load_runs
+from stallfree.analysis.paper import capacity_table
+from stallfree.analysis.phases import find_phases
+from stallfree.analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",
@@ -49,7 +48,6 @@ def _papermill(source: Path, output: Path, parameters: dict[str, Any]) -> None:
     papermill.execute_notebook(
         source, output, parameters=parameters,
         kernel_name="python3", kernel_manager_class=ThisPythonKernelManager, progress_bar=False,
-        cwd=Path(analysis.__file__).resolve().parents[1],  # the kernel imports this same `analysis`
         # cell errors still fail the run; this only mutes the kernel's own log, which reports the
         # interrupt jupyter_client sends at every shutdown as "KeyboardInterrupt caught in kernel"
         extra_arguments=["--IPKernelApp.log_level=CRITICAL"])

@@ -24,7 +24,7 @@ from pathlib import Path
 CHILD = """
 import json, statistics, sys, time
 import torch
-from engine import LLM, SamplingParams
+from stallfree.engine import LLM, SamplingParams
 model, dtype, n, prompt_len, max_tokens, threads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 torch.set_num_threads(threads)
 llm = LLM(model, dtype=dtype, scheduler="sarathi", chunk_size=512)

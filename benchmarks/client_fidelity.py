@@ -31,13 +31,13 @@ from unittest import mock
 import aiohttp
 import numpy as np
 
-from loadgen.client import HttpClient
-from loadgen.completions import NO_DONE, ResponseError, apply_sse_event
-from loadgen.metrics import summarize
-from loadgen.openloop import run_open_loop
-from loadgen.records import RequestRecord
-from loadgen.results import requests_frame
-from loadgen.workload import build_workload
+from stallfree.loadgen.client import HttpClient
+from stallfree.loadgen.completions import NO_DONE, ResponseError, apply_sse_event
+from stallfree.loadgen.metrics import summarize
+from stallfree.loadgen.openloop import run_open_loop
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.results import requests_frame
+from stallfree.loadgen.workload import build_workload
 from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 TTFT_MS, TBT_MS, QPS, NUM_REQUESTS, OUTPUT_TOKENS = 20.0, 5.0, 200, 2000, 8
@@ -96,7 +96,7 @@ def trial(client: str, url: str, realtime: bool) -> dict:
     specs = build_workload({"kind": "poisson", "qps": QPS}, {"kind": "fixed", "prompt": 16, "output": OUTPUT_TOKENS},
                            num_requests=NUM_REQUESTS, seed=0, vocab_size=1000)
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-    with mock.patch("loadgen.openloop.HttpClient", CLIENTS[client]), \
+    with mock.patch("stallfree.loadgen.openloop.HttpClient", CLIENTS[client]), \
             (realtime_priority() if realtime else contextlib.nullcontext()):
         rows = asyncio.run(run_open_loop(url, specs, model="fake", timeout_s=10))
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)

@@ -12,9 +12,9 @@ import collections
 import time
 
 from benchmarks.engine_throughput import make_prompts, write_result
-from engine import LLM, SamplingParams
-from engine.model.arch import ArchConfig
-from engine.model.presets import resolve_model_path
+from stallfree.engine import LLM, SamplingParams
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
 
 
 def timed(totals: dict, part: str, fn):

@@ -19,9 +19,9 @@ import tokenizers
 import transformers
 
 from benchmarks.engine_throughput import write_result
-from engine.model.presets import resolve_model_path, synthetic_corpus
-from engine.server.text import IncrementalDetokenizer
-from engine.tokenizer import load_tokenizer
+from stallfree.engine.model.presets import resolve_model_path, synthetic_corpus
+from stallfree.engine.server.text import IncrementalDetokenizer
+from stallfree.engine.tokenizer import load_tokenizer
 
 PROMPT_TOKENS = 32
 UNICODE = " naïve café — ok 😀 Grüße 東京"

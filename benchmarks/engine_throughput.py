@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from engine import LLM, SamplingParams
-from engine.model.arch import ArchConfig
-from engine.model.presets import resolve_model_path
-from engine.utilization import machine_limits
+from stallfree.engine import LLM, SamplingParams
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.utilization import machine_limits
 
 
 def linear_param_counts(arch: ArchConfig) -> tuple[int, int]:

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.lib.gpu_checks import CHECK_SHAPE, SMOKE_SHAPE, greedy_check, judge, write_checkpoint
-from engine import LLM, SamplingParams
-from engine.model.presets import SHAPE_PRESETS
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
-from engine.utilization import machine_limits
-from engine.utilization.limits import measure_bandwidth, measure_matmul_flops
+from stallfree.engine import LLM, SamplingParams
+from stallfree.engine.model.presets import SHAPE_PRESETS
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.utilization import machine_limits
+from stallfree.engine.utilization.limits import measure_bandwidth, measure_matmul_flops
 
 MISTRAL_7B = SHAPE_PRESETS["mistral-7b-shape"]
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)

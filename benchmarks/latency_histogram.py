@@ -21,7 +21,7 @@ import numpy as np
 from ddsketch import DDSketch
 from hdrh.histogram import HdrHistogram
 
-from loadgen.locust_llm_stats import LogHistogram
+from stallfree.loadgen.locust_llm_stats import LogHistogram
 
 QUANTILES = (50.0, 90.0, 99.0, 99.9)
 

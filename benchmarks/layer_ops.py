@@ -11,8 +11,8 @@ import random
 import statistics
 
 from benchmarks.engine_throughput import write_result
-from engine import LLM, SamplingParams
-from engine.model import loader
+from stallfree.engine import LLM, SamplingParams
+from stallfree.engine.model import loader
 
 
 def make_llm(model: str, native: bool) -> LLM:

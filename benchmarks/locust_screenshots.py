@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks.server_overhead import start_server
-from engine.model.arch import ArchConfig
-from engine.model.presets import resolve_model_path
-from loadgen.text_workloads import load_tokenizer
-from loadgen.workload import build_workload
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.loadgen.text_workloads import load_tokenizer
+from stallfree.loadgen.workload import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

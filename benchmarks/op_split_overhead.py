@@ -16,8 +16,8 @@ import argparse
 import statistics
 
 from benchmarks.engine_throughput import write_result
-from engine import LLMEngine
-from loadgen.studies.driver import IterationDriver
+from stallfree.engine import LLMEngine
+from stallfree.loadgen.studies.driver import IterationDriver
 
 
 def compare(records: list) -> dict:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.simulator.ops import profile_data
-from engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
-from engine.simulator.ops.linear import gemm_curves
+from stallfree.engine.simulator.ops import profile_data
+from stallfree.engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
+from stallfree.engine.simulator.ops.linear import gemm_curves
 
 GPUS = ("a100", "h100")
 TPS = (1, 2, 4)

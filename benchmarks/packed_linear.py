@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from benchmarks.engine_throughput import write_result
-from engine.model.arch import ArchConfig
-from engine.model.packed_linear import PackedLinear, can_pack
-from engine.model.presets import resolve_model_path
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.packed_linear import PackedLinear, can_pack
+from stallfree.engine.model.presets import resolve_model_path
 
 
 def best_ms(fn, calls: int) -> float:

@@ -22,14 +22,14 @@ import time
 import torch
 
 from benchmarks.engine_throughput import linear_param_counts, write_result
-from engine.attention import make_attention_backend
-from engine.model.arch import ArchConfig
-from engine.model.loader import load_model
-from engine.model.presets import resolve_model_path
-from engine.request import SamplingParams
-from engine.runner.batch_prep import prepare_host_batch, to_device
-from engine.scheduler.output import ScheduledUnit
-from engine.utilization.limits import measure_matmul_flops
+from stallfree.engine.attention import make_attention_backend
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.loader import load_model
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.scheduler.output import ScheduledUnit
+from stallfree.engine.utilization.limits import measure_matmul_flops
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 12, 4, 64, 16
 CASES = {  # name: [(queries, context) per sequence]

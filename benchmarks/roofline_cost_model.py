@@ -7,7 +7,7 @@ It is an estimate of an engine at the hardware's limits, not a profile: ``fitted
 "roofline" and lists every assumption, and its residual spread is none. Replace it with
 ``stallfree-profile`` on the GPU when one is available.
 
-    python benchmarks/roofline_cost_model.py --config path/to/config.json --out benchmarks/cost_models/NAME.json
+    python benchmarks/roofline_cost_model.py --config path/to/config.json --out engine/runner/cost_models/NAME.json
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import datetime
 import json
 from pathlib import Path
 
-from engine import CostModel
+from stallfree.engine import CostModel
 
 # Measured on one NVIDIA H200 (torch 2.11+cu130) in this project's GPU runs: bf16 matmul and device copy.
 H200 = {"peak_tflops": 788.0, "bandwidth_tb_s": 4.25}

@@ -14,11 +14,11 @@ import sys
 import time
 
 from benchmarks.engine_throughput import make_prompts, run_engine, workload_parser, write_result
-from engine.model.arch import ArchConfig
-from engine.model.presets import resolve_model_path
-from loadgen.openloop import run_open_loop_sync
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.loadgen.openloop import run_open_loop_sync
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 
 def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> subprocess.Popen:

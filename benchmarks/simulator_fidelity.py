@@ -7,7 +7,7 @@ P50 TTFT and P99 TBT. The cost model is read from ``--cost-model`` (see ``stallf
 profiled on this machine first. ``--real-repeats`` runs the real engine more than once per point (a
 2-core machine shared with other jobs gave one real point 41.5 and then 67.8 and 61.4 tok/s).
 
-    python -m benchmarks.simulator_fidelity [--model small] [--cost-model benchmarks/cost_models/small-cpu.json]
+    python -m benchmarks.simulator_fidelity [--model small] [--cost-model engine/runner/cost_models/small-cpu.json]
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import json
 import statistics
 from pathlib import Path
 
-from engine import CostModel, EngineConfig, LLMEngine, SamplingParams, profile_cost_model
-from loadgen.metrics import summarize
-from loadgen.results import requests_frame
-from loadgen.targets.inprocess import replay
-from loadgen.workload import build_workload
+from stallfree.engine import CostModel, EngineConfig, LLMEngine, SamplingParams, profile_cost_model
+from stallfree.loadgen.metrics import summarize
+from stallfree.loadgen.results import requests_frame
+from stallfree.loadgen.targets.inprocess import replay
+from stallfree.loadgen.workload import build_workload
 
 METRICS = ("output_throughput", "median_ttft_ms", "p99_tbt_ms")
 POLICIES = (("vllm", 512), ("sarathi", 128))

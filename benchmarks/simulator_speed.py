@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine import LLMEngine
-from engine.hydra_groups import compose, engine_kwargs_from_groups
-from loadgen.metrics import summarize
-from loadgen.results import requests_frame, write_run
-from loadgen.targets.inprocess import replay
-from loadgen.workload import build_workload
+from stallfree.engine import LLMEngine
+from stallfree.engine.hydra_groups import compose, engine_kwargs_from_groups
+from stallfree.loadgen.metrics import summarize
+from stallfree.loadgen.results import requests_frame, write_run
+from stallfree.loadgen.targets.inprocess import replay
+from stallfree.loadgen.workload import build_workload
 
 
 def probe(args: argparse.Namespace) -> dict:

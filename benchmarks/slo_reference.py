@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from loadgen.config_check import CONF_DIR
-from loadgen.live_target import LiveTarget
-from loadgen.slo import probe_reference
-from loadgen.workload import build_workload
+from stallfree.loadgen.config_check import CONF_DIR
+from stallfree.loadgen.live_target import LiveTarget
+from stallfree.loadgen.slo import probe_reference
+from stallfree.loadgen.workload import build_workload
 
 
 def _burn() -> None:

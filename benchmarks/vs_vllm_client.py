@@ -49,13 +49,13 @@ from benchmarks.lib.vllm_client import (
     write_subset,
     write_trace,
 )
-from engine.model.presets import resolve_model_path
-from loadgen.cpu_share import CpuMonitor
-from loadgen.metrics import summarize
-from loadgen.openloop import run_open_loop_sync
-from loadgen.records import RequestRecord, as_row
-from loadgen.results import requests_frame
-from loadgen.workload import RequestSpec
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.loadgen.cpu_share import CpuMonitor
+from stallfree.loadgen.metrics import summarize
+from stallfree.loadgen.openloop import run_open_loop_sync
+from stallfree.loadgen.records import RequestRecord, as_row
+from stallfree.loadgen.results import requests_frame
+from stallfree.loadgen.workload import RequestSpec
 
 TOLERANCE = 0.05
 SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together
@@ -251,7 +251,7 @@ def main() -> None:
                          "(one repeat = both runs, figures over both)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--servers", default="stallfree,vllm", help="any of stallfree, simulated, vllm")
-    ap.add_argument("--cost-model", default="benchmarks/cost_models/small-cpu.json", help="for the simulated server")
+    ap.add_argument("--cost-model", default="engine/runner/cost_models/small-cpu.json", help="for the simulated server")
     ap.add_argument("--out", default="benchmarks/results/vs_vllm_client.json")
     args = ap.parse_args()
     args.qps = [float(q) for q in args.qps.split(",")]

@@ -24,10 +24,10 @@ import torch
 
 from benchmarks.engine_throughput import make_prompts, workload_parser, write_result
 from benchmarks.server_overhead import measure_burst, start_server
-from engine.device import resolve_dtype
-from engine.model.arch import ArchConfig
-from engine.model.presets import resolve_model_path
-from loadgen.records import RequestRecord
+from stallfree.engine.device import resolve_dtype
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.loadgen.records import RequestRecord
 
 
 def start_vllm(peer: str, model_dir: Path, port: int, chunk: int, dtype: str, kv_gib: float,

@@ -1,6 +1,6 @@
 """stallfree inference engine: paged KV cache, Llama-family model, switchable scheduling policies.
 
-The public API. Names load on first use, so that ``engine.hydra_groups`` (the Hydra config mapping the
+The public API. Names load on first use, so that ``stallfree.engine.hydra_groups`` (the Hydra config mapping the
 load generator shares) imports without pulling in torch.
 """
 from __future__ import annotations
@@ -9,30 +9,30 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
-    "LLM": "engine.llm", "LLMEngine": "engine.engine",
-    "EngineConfig": "engine.config", "ModelConfig": "engine.config", "CacheConfig": "engine.config",
-    "SchedulerConfig": "engine.config",
-    "SamplingParams": "engine.request", "RequestMetrics": "engine.request", "RequestStatus": "engine.request",
-    "RequestOutput": "engine.outputs", "BatchRecord": "engine.outputs",
-    "SCHEDULERS": "engine.scheduler", "resolve_model_path": "engine.model.presets",
-    "CostModel": "engine.runner.cost_model", "profile_cost_model": "engine.runner.profile",
-    "first_lone_surrogate": "engine.tokenizer",
+    "LLM": "stallfree.engine.llm", "LLMEngine": "stallfree.engine.engine",
+    "EngineConfig": "stallfree.engine.config", "ModelConfig": "stallfree.engine.config", "CacheConfig": "stallfree.engine.config",
+    "SchedulerConfig": "stallfree.engine.config",
+    "SamplingParams": "stallfree.engine.request", "RequestMetrics": "stallfree.engine.request", "RequestStatus": "stallfree.engine.request",
+    "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.outputs",
+    "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
+    "CostModel": "stallfree.engine.runner.cost_model", "profile_cost_model": "stallfree.engine.runner.profile",
+    "first_lone_surrogate": "stallfree.engine.tokenizer",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
            "RequestMetrics", "RequestStatus", "RequestOutput", "BatchRecord", "SCHEDULERS", "resolve_model_path",
            "CostModel", "profile_cost_model", "first_lone_surrogate"]
 
 if TYPE_CHECKING:
-    from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from engine.engine import LLMEngine
-    from engine.llm import LLM
-    from engine.model.presets import resolve_model_path
-    from engine.outputs import BatchRecord, RequestOutput
-    from engine.request import RequestMetrics, RequestStatus, SamplingParams
-    from engine.runner.cost_model import CostModel
-    from engine.runner.profile import profile_cost_model
-    from engine.scheduler import SCHEDULERS
-    from engine.tokenizer import first_lone_surrogate
+    from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from stallfree.engine.engine import LLMEngine
+    from stallfree.engine.llm import LLM
+    from stallfree.engine.model.presets import resolve_model_path
+    from stallfree.engine.outputs import BatchRecord, RequestOutput
+    from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams
+    from stallfree.engine.runner.cost_model import CostModel
+    from stallfree.engine.runner.profile import profile_cost_model
+    from stallfree.engine.scheduler import SCHEDULERS
+    from stallfree.engine.tokenizer import first_lone_surrogate
 
 
 def __getattr__(name: str):

@@ -7,20 +7,20 @@ import logging
 
 import torch
 
-from engine.config import EngineConfig
-from engine.device import resolve_device, resolve_dtype
-from engine.kv_cache import KVCacheManager, blocks_for
-from engine.model.arch import ArchConfig
-from engine.model.presets import resolve_model_path
-from engine.outputs import BatchRecord, RequestOutput
-from engine.request import Request, RequestStatus, SamplingParams
-from engine.runner.clock import VirtualClock
-from engine.runner.factory import make_runner
-from engine.runner.isolation import execute_isolating
-from engine.scheduler import make_scheduler
-from engine.scheduler.output import SchedulerOutput
-from engine.tokenizer import first_lone_surrogate, load_tokenizer
-from engine.utilization import make_meter
+from stallfree.engine.config import EngineConfig
+from stallfree.engine.device import resolve_device, resolve_dtype
+from stallfree.engine.kv_cache import KVCacheManager, blocks_for
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.request import Request, RequestStatus, SamplingParams
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.runner.factory import make_runner
+from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.scheduler import make_scheduler
+from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
+from stallfree.engine.utilization import make_meter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
@@ -34,7 +34,7 @@ class LLMEngine:
         mc, cc = config.model, config.cache
         self.simulation = None
         if mc.deployment is not None:  # a simulated GPU deployment: a model shape, no checkpoint
-            from engine.simulator.build import build_simulation
+            from stallfree.engine.simulator.build import build_simulation
 
             self.simulation = build_simulation(config)
             batch_limit = min(config.scheduler.max_num_seqs, self.simulation.deployment.max_batch_size)

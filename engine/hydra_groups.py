@@ -7,13 +7,18 @@ every error names its key). It needs no torch and no Hydra, so the load generato
 """
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
+# checkout, an editable install or a wheel.
+CONF_DIR = Path(str(importlib.resources.files("stallfree.conf")))
+# Cost models committed with the package (engine/runner/cost_models/), named by file name in a setting.
+COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "runner" / "cost_models"
 SERVER_KEYS = ("host", "port", "api_key", "metrics_require_api_key", "max_waiting", "max_body_bytes",
                "served_model_name", "timeout_graceful_shutdown", "log_level", "body_read_timeout_s",
                "header_read_timeout_s", "timeout_keep_alive_s", "batch_history_max_records",
@@ -72,10 +77,23 @@ def check_model_group(model: Mapping) -> None:
     tokenizer = model.get("tokenizer")
     require(tokenizer is None or (isinstance(tokenizer, str) and bool(tokenizer)), "model.tokenizer",
             "a tokenizer directory, a preset name or null", tokenizer)
+    if model.get("cost_model") is not None:
+        cost_model_file(model["cost_model"], "model.cost_model")
     every = model.get("op_split_every", 0)
     require(is_int(every) and every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", every)
     for key in ("skip_tokenizer_init", "cuda_graphs"):
         require(isinstance(model.get(key, False), bool), f"model.{key}", "true or false", model.get(key))
+
+
+def cost_model_file(value: object, key: str) -> str:
+    """The cost model JSON a setting names: a file (relative to where you run), or the file name of one
+    committed with the package (COST_MODELS_DIR)."""
+    committed = sorted(p.name for p in COST_MODELS_DIR.glob("*.json"))
+    if isinstance(value, str) and Path(value).expanduser().is_file():
+        return str(Path(value).expanduser())
+    require(isinstance(value, str) and value in committed, key, f"a cost model JSON file or one of {committed}",
+            value)
+    return str(COST_MODELS_DIR / value)
 
 
 def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: int | None) -> dict:
@@ -87,7 +105,8 @@ def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: in
     kwargs = dict(model=str(Path(model["name"]).expanduser()) if "path" in model else model["name"],
                   dtype=model["dtype"], device=model["device"], max_model_len=model["max_model_len"],
                   kv_memory_gib=model.get("kv_memory_gib", 1.0), attention_backend=model["attention_backend"],
-                  runner=model["runner"], cost_model=model["cost_model"], clock=model["clock"],
+                  runner=model["runner"], cost_model=model["cost_model"] and cost_model_file(model["cost_model"], "model.cost_model"),
+                  clock=model["clock"],
                   cuda_graphs=model.get("cuda_graphs", True),
                   scheduler=scheduler["name"], max_num_seqs=scheduler["max_num_seqs"],
                   max_num_batched_tokens=scheduler["max_num_batched_tokens"],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.request import Request
+from stallfree.engine.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -1,9 +1,9 @@
 """Offline API in vLLM's shape: ``LLM(model=..., scheduler=...).generate(prompts, params)``."""
 from __future__ import annotations
 
-from engine.engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.request import SamplingParams
+from stallfree.engine.engine import LLMEngine
+from stallfree.engine.outputs import RequestOutput
+from stallfree.engine.request import SamplingParams
 
 
 class LLM:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request import RequestMetrics
+from stallfree.engine.request import RequestMetrics
 
 
 @dataclass

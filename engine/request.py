@@ -4,12 +4,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
+from stallfree.engine.limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
 
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling knobs; ``validate`` checks each against its range in ``engine.limits``."""
+    """Per-request sampling knobs; ``validate`` checks each against its range in ``stallfree.engine.limits``."""
 
     max_tokens: int = 16
     temperature: float = 1.0  # below GREEDY_TEMPERATURE: greedy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from engine.model.presets import resolve_model_path
+from stallfree.engine.model.presets import resolve_model_path
 
 # Any of these makes a directory a tokenizer source for AutoTokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")

@@ -20,11 +20,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from loadgen.capacity import run_search
-from loadgen.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
-from loadgen.live_target import LiveTarget
-from loadgen.run_errors import exit_on_error
-from loadgen.runner import run_repeats
+from stallfree.loadgen.capacity import run_search
+from stallfree.loadgen.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
+from stallfree.loadgen.live_target import LiveTarget
+from stallfree.loadgen.run_errors import exit_on_error
+from stallfree.loadgen.runner import run_repeats
 
 PROG = "stallfree-bench"
 INTERRUPTED = "interrupted; complete runs are kept: run the same command again to resume"
@@ -45,7 +45,9 @@ def _app(cfg: DictConfig) -> None:
         if cfg.mode == "capacity":
             run_search(cfg, _targets)
         elif cfg.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
-            from loadgen.studies import run_study  # torch: only once a study runs (--help stays fast)
+            from stallfree.loadgen.studies import (
+                run_study,  # torch: only once a study runs (--help stays fast)
+            )
 
             run_study(cfg)
         else:

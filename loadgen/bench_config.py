@@ -9,8 +9,8 @@ import json
 
 from omegaconf import DictConfig, OmegaConf
 
-from engine import SCHEDULERS
-from engine.hydra_groups import ConfigError, engine_kwargs_from_groups
+from stallfree.engine import SCHEDULERS
+from stallfree.engine.hydra_groups import ConfigError, engine_kwargs_from_groups
 
 
 def chunk_size(cfg: DictConfig) -> int | None:
@@ -34,7 +34,7 @@ def digest(value) -> str:
 
 
 def _model_path(cfg: DictConfig):
-    from engine import resolve_model_path
+    from stallfree.engine import resolve_model_path
 
     try:
         return resolve_model_path(engine_kwargs(cfg)["model"])
@@ -45,8 +45,8 @@ def _model_path(cfg: DictConfig):
 def workload_tokenizer(cfg: DictConfig):
     """The tokenizer that counts a text workload's tokens: ``workload.tokenizer`` (a directory), by
     default the run's model's; None for workloads of token ids."""
-    from loadgen.text_workloads import load_tokenizer
-    from loadgen.workload import is_text_workload
+    from stallfree.loadgen.text_workloads import load_tokenizer
+    from stallfree.loadgen.workload import is_text_workload
 
     if not is_text_workload(section(cfg.workload, "lengths")):
         return None
@@ -57,7 +57,7 @@ def model_vocab_size(cfg: DictConfig) -> int:
     """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json or,
     for a simulated deployment, its model shape."""
     if cfg.model.get("deployment") is not None:
-        from engine.simulator.deployment import Deployment
+        from stallfree.engine.simulator.deployment import Deployment
 
         return int(Deployment.from_config(section(cfg.model, "deployment")).resolve().shape.vocab_size)
     return int(json.loads((_model_path(cfg) / "config.json").read_text())["vocab_size"])

@@ -22,13 +22,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen.experiment_lock import experiment_lock
-from loadgen.live_target import LiveTarget
-from loadgen.plan import plan_run
-from loadgen.results import make_run_id
-from loadgen.runner import repeat_configs, repeat_part, run_point
-from loadgen.slo import reference_text, resolve_slo
-from loadgen.stats import mean_interval
+from stallfree.loadgen.experiment_lock import experiment_lock
+from stallfree.loadgen.live_target import LiveTarget
+from stallfree.loadgen.plan import plan_run
+from stallfree.loadgen.results import make_run_id
+from stallfree.loadgen.runner import repeat_configs, repeat_part, run_point
+from stallfree.loadgen.slo import reference_text, resolve_slo
+from stallfree.loadgen.stats import mean_interval
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-from loadgen.completions import (
+from stallfree.loadgen.completions import (
     CANCELLED,
     NO_DONE,
     ResponseError,
@@ -28,8 +28,8 @@ from loadgen.completions import (
     request,
     timeout_error,
 )
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # server-side timing extension of the final chunk ("stallfree": {...}) -> record fields

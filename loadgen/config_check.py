@@ -14,8 +14,16 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from engine.hydra_groups import CONF_DIR, ConfigError, check_model_group, is_int, is_number, require
-from loadgen.metrics import parse_goodput
+from stallfree.engine.hydra_groups import (
+    CONF_DIR,
+    ConfigError,
+    check_model_group,
+    cost_model_file,
+    is_int,
+    is_number,
+    require,
+)
+from stallfree.loadgen.metrics import parse_goodput
 
 CONFIG_NAME = "bench"
 MODES = ("run", "capacity", "study")
@@ -70,7 +78,8 @@ def check(cfg: DictConfig) -> None:
     _positive(cfg, "decode_probe.max_spread")
     _positive(cfg, "slo.reference_ms", optional=True)
     path = OmegaConf.select(cfg, "slo.reference_cost_model")
-    require(path is None or Path(path).is_file(), "slo.reference_cost_model", "a cost model JSON file", path)
+    if path is not None:
+        cost_model_file(path, "slo.reference_cost_model")
     for key in ("start_qps", "min_qps", "max_qps", "tolerance", "max_p50_scheduling_delay_s"):
         _positive(cfg, f"capacity.{key}")
     c = cfg.capacity
@@ -91,8 +100,8 @@ def _check_results_dir(path: Path) -> None:
 
 
 def _check_endpoint(cfg: DictConfig) -> None:
-    from loadgen.completions import ENDPOINT_PATHS
-    from loadgen.workload import is_text_workload
+    from stallfree.loadgen.completions import ENDPOINT_PATHS
+    from stallfree.loadgen.workload import is_text_workload
 
     endpoint = OmegaConf.select(cfg, "target.endpoint")
     if endpoint is None:  # target=inprocess: no HTTP
@@ -119,7 +128,7 @@ class StandInTokenizer:
 
 
 def _check_workload(cfg: DictConfig) -> None:
-    from loadgen.workload import build_workload
+    from stallfree.loadgen.workload import build_workload
 
     tokenizer = cfg.workload.get("tokenizer")
     require(tokenizer is None or Path(tokenizer).expanduser().is_dir(), "workload.tokenizer",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen.bench_config import digest, engine_kwargs
-from loadgen.targets import Target, target_class
-from loadgen.workload import build_workload
+from stallfree.loadgen.bench_config import digest, engine_kwargs
+from stallfree.loadgen.targets import Target, target_class
+from stallfree.loadgen.workload import build_workload
 
 WARMUP_REQUESTS = 2  # short requests sent to a freshly made target, not recorded
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from loadgen.completions import CANCELLED_AT_STOP
-from loadgen.records import RequestRecord
+from stallfree.loadgen.completions import CANCELLED_AT_STOP
+from stallfree.loadgen.records import RequestRecord
 
 
 class LiveEvents:

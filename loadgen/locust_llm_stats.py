@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import yaml
 
-from loadgen.config_check import CONF_DIR
+from stallfree.loadgen.config_check import CONF_DIR
 
 WINDOW_S = 10.0
 SHOWN_WINDOWS = 12  # the tab shows the latest windows; the CSV has them all

@@ -20,10 +20,10 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from locust.web import WebUI
 
-from loadgen.locust_llm_events import LiveEvents
-from loadgen.locust_llm_stats import LLMStats, SLOBounds
-from loadgen.locust_server_stats import COLUMNS as SERVER_COLUMNS
-from loadgen.locust_server_stats import ServerUtilisation
+from stallfree.loadgen.locust_llm_events import LiveEvents
+from stallfree.loadgen.locust_llm_stats import LLMStats, SLOBounds
+from stallfree.loadgen.locust_server_stats import COLUMNS as SERVER_COLUMNS
+from stallfree.loadgen.locust_server_stats import ServerUtilisation
 
 TAB = "llm"
 REPORT_KEY = "stallfree_llm"  # a worker's events in its stats report

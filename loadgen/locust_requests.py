@@ -12,7 +12,7 @@ from gevent import GreenletExit
 from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 
-from loadgen.completions import (
+from stallfree.loadgen.completions import (
     CANCELLED_AT_STOP,
     NO_DONE,
     ResponseError,
@@ -21,9 +21,9 @@ from loadgen.completions import (
     request,
     timeout_error,
 )
-from loadgen.locust_llm_events import LiveEvents
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.locust_llm_events import LiveEvents
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 REQUEST_TYPE = "LLM"
 HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from loadgen.config_check import CONF_DIR
-from loadgen.workload import RequestSpec, build_workload, is_text_workload
+from stallfree.loadgen.config_check import CONF_DIR
+from stallfree.loadgen.workload import RequestSpec, build_workload, is_text_workload
 
 BLOCK = 256  # generated schedules are built this many requests at a time
 # the workloads of token ids (text workloads reach Locust through --specs-file)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.locust_llm_stats import WHOLE_RUN, WINDOW_S
+from stallfree.loadgen.locust_llm_stats import WHOLE_RUN, WINDOW_S
 
 SERIES = {"mfu": "stallfree:iteration_mfu", "mbu": "stallfree:iteration_mbu"}
 COLUMNS = {"mfu_pct": "MFU %", "mbu_pct": "MBU %"}

@@ -55,15 +55,15 @@ from locust.exception import StopUser
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from loadgen.completions import ResponseError
-from loadgen.locust_llm_events import LiveEvents
-from loadgen.locust_llm_stats import SLO_NAMES, slo_bounds
-from loadgen.locust_llm_tab import install as install_llm_tab
-from loadgen.locust_requests import fire, report, stream_completion
-from loadgen.locust_schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
-from loadgen.metrics import MAX_SCHEDULE_LAG_P99_MS
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.completions import ResponseError
+from stallfree.loadgen.locust_llm_events import LiveEvents
+from stallfree.loadgen.locust_llm_stats import SLO_NAMES, slo_bounds
+from stallfree.loadgen.locust_llm_tab import install as install_llm_tab
+from stallfree.loadgen.locust_requests import fire, report, stream_completion
+from stallfree.loadgen.locust_schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
+from stallfree.loadgen.metrics import MAX_SCHEDULE_LAG_P99_MS
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 DONE_MESSAGE = "stallfree_done"  # a process -> the master (or itself): all of its requests have ended
 

@@ -9,9 +9,9 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from loadgen.client import HttpClient, send_request
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.client import HttpClient, send_request
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 
 async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,

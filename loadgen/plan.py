@@ -10,8 +10,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen.bench_config import chunk_size, digest, section
-from loadgen.results import make_run_id
+from stallfree.loadgen.bench_config import chunk_size, digest, section
+from stallfree.loadgen.results import make_run_id
 
 MEASURED_SECTIONS = ("model", "scheduler", "workload", "arrival", "target", "num_requests", "warmup", "seed")
 
@@ -37,7 +37,7 @@ def server_label(cfg: DictConfig) -> str | None:
         return None
     if cfg.target.get("label"):
         return str(cfg.target.label)
-    from loadgen.targets.server_check import check_server
+    from stallfree.loadgen.targets.server_check import check_server
 
     return check_server(url.rstrip("/"), cfg.target.get("served_model"))
 

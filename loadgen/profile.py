@@ -1,7 +1,7 @@
 """``stallfree-profile``: run a model's real runner over the profile's iteration shapes, fit its cost model
 and write it as JSON, for ``model.runner=simulated model.cost_model=PATH``.
 
-    stallfree-profile model=small output=benchmarks/cost_models/small-cpu.json
+    stallfree-profile model=small output=engine/runner/cost_models/small-cpu.json
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from tqdm import tqdm
 
-from engine.hydra_groups import compose, engine_kwargs_from_groups, is_int, one_line, require
+from stallfree.engine.hydra_groups import compose, engine_kwargs_from_groups, is_int, one_line, require
 
 PROG = "stallfree-profile"
 USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.path=DIR] [num_requests=N] [seed=N]
@@ -19,7 +19,11 @@ model's device (model.device), writes the cost model with what it was fitted on 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine import EngineConfig, LLMEngine, profile_cost_model  # torch: only once the command runs
+    from stallfree.engine import (  # torch: only once the command runs
+        EngineConfig,
+        LLMEngine,
+        profile_cost_model,
+    )
 
     args = sys.argv[1:] if argv is None else list(argv)
     if {"-h", "--help"} & set(args):

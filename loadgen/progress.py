@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from loadgen.result_block import sweep_table
+from stallfree.loadgen.result_block import sweep_table
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.workload import RequestSpec
 
 NOT_SENT = "not sent"
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from loadgen.records import RequestRecord, as_row
+from stallfree.loadgen.records import RequestRecord, as_row
 
 ARROW_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
                list[float]: pa.list_(pa.float64())}

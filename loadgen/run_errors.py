@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from engine.hydra_groups import ConfigError, one_line
+from stallfree.engine.hydra_groups import ConfigError, one_line
 
 EXIT_CONFIG, EXIT_TARGET, EXIT_OTHER, EXIT_INTERRUPTED = 2, 3, 1, 130
 

@@ -12,18 +12,18 @@ import time
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from loadgen.bench_config import section, workload_tokenizer
-from loadgen.cpu_share import CpuMonitor, CpuReport
-from loadgen.experiment_lock import experiment_lock
-from loadgen.live_target import LiveTarget
-from loadgen.metrics import pipeline_summary, summarize
-from loadgen.plan import RunPlan, plan_run
-from loadgen.progress import RunPart, current
-from loadgen.result_block import result_block
-from loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
-from loadgen.run_errors import TargetError
-from loadgen.slo import reference_text, resolve_slo
-from loadgen.workload import build_workload
+from stallfree.loadgen.bench_config import section, workload_tokenizer
+from stallfree.loadgen.cpu_share import CpuMonitor, CpuReport
+from stallfree.loadgen.experiment_lock import experiment_lock
+from stallfree.loadgen.live_target import LiveTarget
+from stallfree.loadgen.metrics import pipeline_summary, summarize
+from stallfree.loadgen.plan import RunPlan, plan_run
+from stallfree.loadgen.progress import RunPart, current
+from stallfree.loadgen.result_block import result_block
+from stallfree.loadgen.results import is_complete, rebuild_experiment_summary, requests_frame, write_run
+from stallfree.loadgen.run_errors import TargetError
+from stallfree.loadgen.slo import reference_text, resolve_slo
+from stallfree.loadgen.workload import build_workload
 
 
 def _fmt(value, spec: str = ".1f") -> str:

@@ -24,13 +24,14 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from loadgen.bench_config import digest, section
-from loadgen.cpu_share import CpuMonitor
-from loadgen.live_target import LiveTarget
-from loadgen.records import RequestRecord
-from loadgen.run_errors import TargetError
-from loadgen.targets.base import Target
-from loadgen.workload import build_workload
+from stallfree.engine.hydra_groups import cost_model_file
+from stallfree.loadgen.bench_config import digest, section
+from stallfree.loadgen.cpu_share import CpuMonitor
+from stallfree.loadgen.live_target import LiveTarget
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.run_errors import TargetError
+from stallfree.loadgen.targets.base import Target
+from stallfree.loadgen.workload import build_workload
 
 _probed_here: set[Path] = set()  # probe caches this process wrote (rerun=all measures each one once)
 
@@ -100,7 +101,7 @@ def probe_reference(cfg: DictConfig, target: Target) -> Reference:
 
 def cost_model_reference(cfg: DictConfig, path: str) -> Reference:
     """The cost model's decode step of the probe's shape: num_seqs sequences halfway through their output."""
-    from engine import CostModel
+    from stallfree.engine import CostModel
 
     p = cfg.decode_probe
     context = p.prompt_tokens + p.output_tokens // 2
@@ -115,7 +116,7 @@ def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Ref
     if cfg.slo.get("reference_ms") is not None:
         return Reference(float(cfg.slo.reference_ms), "pinned", False)
     if cfg.slo.get("reference_cost_model") is not None:
-        return cost_model_reference(cfg, cfg.slo.reference_cost_model)
+        return cost_model_reference(cfg, cost_model_file(cfg.slo.reference_cost_model, "slo.reference_cost_model"))
     key = {"model": section(cfg, "model"), "target": cfg.target.kind, "url": cfg.target.get("url"),
            "probe": section(cfg, "decode_probe")}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.hydra_groups import is_int, is_number, require
-from loadgen.text_workloads import TEXT_WORKLOADS, Tokenizer, take
+from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.loadgen.text_workloads import TEXT_WORKLOADS, Tokenizer, take
 
 TRACES_DIR = Path(__file__).parent / "traces"
 

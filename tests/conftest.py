@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_path() -> Path:
-    from engine.model.presets import resolve_model_path
+    from stallfree.engine.model.presets import resolve_model_path
     return resolve_model_path("tiny")
 
 

@@ -31,7 +31,7 @@ def test_smoke_run_passes_on_cpu_and_writes_every_verdict(tmp_path):
 def test_parameter_counts_match_the_hf_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.model.arch import ArchConfig
+    from stallfree.engine.model.arch import ArchConfig
     config = LlamaConfig(**SMOKE_SHAPE, tie_word_embeddings=False)
     hf = LlamaForCausalLM(config)
     linears = sum(p.numel() for n, p in hf.named_parameters() if "proj" in n)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine import LLM, SamplingParams
+from stallfree.engine import LLM, SamplingParams
 
 # A small model with the 7B's attention layout (GQA 4:1, head_dim 128) for the greedy check on the GPU.
 CHECK_SHAPE = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,

@@ -9,11 +9,11 @@ import logging
 
 import torch
 
-from engine.attention.cpu_paged import CPUPagedAttention, cpu_paged_available
-from engine.attention.flash_attn import FlashAttention, flash_attn_available
-from engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
-from engine.attention.sdpa import SDPAAttention
-from engine.attention.triton_unified import TritonAttention, triton_available
+from stallfree.engine.attention.cpu_paged import CPUPagedAttention, cpu_paged_available
+from stallfree.engine.attention.flash_attn import FlashAttention, flash_attn_available
+from stallfree.engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
+from stallfree.engine.attention.sdpa import SDPAAttention
+from stallfree.engine.attention.triton_unified import TritonAttention, triton_available
 
 __all__ = ["AttentionMetadata", "CPUPagedAttention", "FlashAttention", "PrefillSeq", "SDPAAttention",
            "TritonAttention", "auto_backend", "bottom_right_causal_mask", "make_attention_backend"]

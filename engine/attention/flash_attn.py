@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.attention.metadata import AttentionMetadata
+from stallfree.engine.attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model.presets import cache_root
+from stallfree.engine.model.presets import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.metadata import AttentionMetadata, bottom_right_causal_mask
+from stallfree.engine.attention.metadata import AttentionMetadata, bottom_right_causal_mask
 
 
 class SDPAAttention:

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
+from stallfree.engine.attention.metadata import AttentionMetadata
 
 
 def triton_interpreted() -> bool:
@@ -63,7 +63,7 @@ class TritonAttention:
                  tile_n: int | None = None, split_kv_below: int | None = None, num_segments: int = 16):
         # Imports triton. Through sys.modules, not the package attribute: tests re-import it under the
         # CPU interpreter.
-        self.kernels = importlib.import_module("engine.attention.triton_kernel")
+        self.kernels = importlib.import_module("stallfree.engine.attention.triton_kernel")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.group = num_heads // num_kv_heads
         self.head_dim_padded = 1 << (head_dim - 1).bit_length()

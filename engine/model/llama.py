@@ -6,8 +6,8 @@ import math
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata
-from engine.model.arch import ArchConfig
+from stallfree.engine.attention import AttentionMetadata
+from stallfree.engine.model.arch import ArchConfig
 
 
 class RMSNorm(nn.Module):

@@ -6,11 +6,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from engine.model.arch import ArchConfig
-from engine.model.llama import LlamaForCausalLM
-from engine.model.native_ops import can_use_native_ops, use_native_ops
-from engine.model.packed_linear import can_pack, pack_linears
-from engine.model.triton_ops import can_use_triton_ops, use_triton_ops
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.llama import LlamaForCausalLM
+from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
+from stallfree.engine.model.packed_linear import can_pack, pack_linears
+from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
 FUSED_PARTS = {

@@ -15,7 +15,7 @@ import os
 import torch
 from torch import nn
 
-from engine.device import cpu_has_fast_bf16
+from stallfree.engine.device import cpu_has_fast_bf16
 
 # oneDNN, and ideep in front of it, cache a primitive per input shape (1,024 each by default), each
 # holding its own reordered copy of the weight. A server sees hundreds of batch sizes: a 30-minute soak

@@ -142,7 +142,7 @@ def materialize_preset(preset: str, path: Path, seed: int = 0) -> None:
     tmp.mkdir(parents=True)
     try:
         if preset in GGUF_PRESETS:
-            from engine.model.gguf_convert import convert_gguf
+            from stallfree.engine.model.gguf_convert import convert_gguf
             convert_gguf(packaged_file(*GGUF_PRESETS[preset]), tmp)
         elif preset in SHAPE_PRESETS:
             (tmp / "config.json").write_text(json.dumps(hf_config(preset), indent=2))

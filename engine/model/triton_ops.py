@@ -14,7 +14,7 @@ import importlib.util
 import torch
 from torch import nn
 
-from engine.model.llama import ApplyRotary, RMSNorm, SiluAndMul
+from stallfree.engine.model.llama import ApplyRotary, RMSNorm, SiluAndMul
 
 SILU_BLOCK = 1024
 
@@ -25,7 +25,7 @@ def can_use_triton_ops(device: torch.device) -> bool:
 
 def _kernels():
     # Looked up at call time (not at import): tests re-import it under Triton's CPU interpreter.
-    return importlib.import_module("engine.model.triton_layer_kernels")
+    return importlib.import_module("stallfree.engine.model.triton_layer_kernels")
 
 
 def _pow2(n: int) -> int:

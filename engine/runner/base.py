@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.scheduler.output import SchedulerOutput
+from stallfree.engine.scheduler.output import SchedulerOutput
 
 
 class Runner(Protocol):

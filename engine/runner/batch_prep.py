@@ -7,8 +7,8 @@ from itertools import chain
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSeq
-from engine.scheduler.output import ScheduledUnit
+from stallfree.engine.attention import AttentionMetadata, PrefillSeq
+from stallfree.engine.scheduler.output import ScheduledUnit
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from engine.outputs import BatchRecord
+from stallfree.engine.outputs import BatchRecord
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from engine.attention import AttentionMetadata
+from stallfree.engine.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

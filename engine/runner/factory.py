@@ -6,17 +6,17 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import make_attention_backend
-from engine.config import EngineConfig
-from engine.model.arch import ArchConfig
-from engine.model.loader import load_model
-from engine.runner.base import Runner
-from engine.runner.clock import Clock, VirtualClock, WallClock
-from engine.runner.cost_model import CostModel
-from engine.runner.memory import Baseline, CudaMemoryProbe
-from engine.runner.model_runner import ModelRunner
-from engine.runner.profile import ProfiledEngine, profile_cost_model
-from engine.runner.simulated import SimulatedRunner
+from stallfree.engine.attention import make_attention_backend
+from stallfree.engine.config import EngineConfig
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.loader import load_model
+from stallfree.engine.runner.base import Runner
+from stallfree.engine.runner.clock import Clock, VirtualClock, WallClock
+from stallfree.engine.runner.cost_model import CostModel
+from stallfree.engine.runner.memory import Baseline, CudaMemoryProbe
+from stallfree.engine.runner.model_runner import ModelRunner
+from stallfree.engine.runner.profile import ProfiledEngine, profile_cost_model
+from stallfree.engine.runner.simulated import SimulatedRunner
 
 RUNNERS = ("model", "simulated")
 CLOCKS = ("real", "virtual")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.runner.base import Runner
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.runner.base import Runner
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 
 def execute_isolating(runner: Runner, output: SchedulerOutput,

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import torch
 
-from engine.model.llama import LlamaForCausalLM
-from engine.request import SamplingParams
-from engine.runner.batch_prep import prepare_host_batch, to_device
-from engine.runner.cuda_graphs import DecodeGraphs, Graph, cuda_graph_factory
-from engine.runner.memory import (
+from stallfree.engine.model.llama import LlamaForCausalLM
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.runner.cuda_graphs import DecodeGraphs, Graph, cuda_graph_factory
+from stallfree.engine.runner.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     GIB,
     Baseline,
@@ -20,9 +20,9 @@ from engine.runner.memory import (
     kv_cache_bytes,
     measure,
 )
-from engine.runner.sampler import sample
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
-from engine.utilization import OperatorSplit, SplitSampler
+from stallfree.engine.runner.sampler import sample
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.utilization import OperatorSplit, SplitSampler
 
 log = logging.getLogger(__name__)
 WARM_UP_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)

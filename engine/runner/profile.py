@@ -16,12 +16,12 @@ from typing import Protocol
 
 import torch
 
-from engine.config import EngineConfig
-from engine.device import cpu_description
-from engine.model.presets import cache_root
-from engine.outputs import BatchRecord
-from engine.request import SamplingParams
-from engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
+from stallfree.engine.config import EngineConfig
+from stallfree.engine.device import cpu_description
+from stallfree.engine.model.presets import cache_root
+from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 
 PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
 WARMUP_ITERATIONS = 2  # the first iterations of an engine carry one-off costs (allocation, kernel builds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import SamplingParams
+from stallfree.engine.request import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],

@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 import time
 
-from engine.runner.clock import VirtualClock
-from engine.runner.cost_model import CostModel, IterationFeatures
-from engine.scheduler.output import SchedulerOutput
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
+from stallfree.engine.scheduler.output import SchedulerOutput
 
 
 class SimulatedRunner:

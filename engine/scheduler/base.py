@@ -11,10 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from engine.config import SchedulerConfig
-from engine.kv_cache import KVCacheManager
-from engine.request import Request, RequestStatus
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.config import SchedulerConfig
+from stallfree.engine.kv_cache import KVCacheManager
+from stallfree.engine.request import Request, RequestStatus
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 SCHEDULERS: dict[str, type[Scheduler]] = {}
 

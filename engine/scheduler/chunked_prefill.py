@@ -1,7 +1,7 @@
 """The paper's chunked-prefills-only ablation."""
 from __future__ import annotations
 
-from engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import Batch, Scheduler, register
 
 
 @register

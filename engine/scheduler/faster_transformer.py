@@ -1,7 +1,7 @@
 """FasterTransformer: request-level (static) batching, decode-prioritizing."""
 from __future__ import annotations
 
-from engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import Batch, Scheduler, register
 
 
 @register

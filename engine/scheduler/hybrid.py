@@ -1,8 +1,8 @@
 """The paper's hybrid-batching-only ablation."""
 from __future__ import annotations
 
-from engine.scheduler.base import register
-from engine.scheduler.orca import OrcaScheduler
+from stallfree.engine.scheduler.base import register
+from stallfree.engine.scheduler.orca import OrcaScheduler
 
 
 @register

@@ -1,7 +1,7 @@
 """Orca: iteration-level hybrid batches with a worst-case KV reservation."""
 from __future__ import annotations
 
-from engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import Batch, Scheduler, register
 
 
 @register

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.request import SamplingParams
+from stallfree.engine.request import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Sarathi-Serve: chunked prefills with stall-free batching."""
 from __future__ import annotations
 
-from engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import Batch, Scheduler, register
 
 
 @register

@@ -1,7 +1,7 @@
 """vLLM (v0 default) prefill-prioritizing policy."""
 from __future__ import annotations
 
-from engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import Batch, Scheduler, register
 
 
 @register

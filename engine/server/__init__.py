@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server over one LLMEngine (FastAPI + uvicorn); the engine core never imports it."""
-from engine.server.app import ServerConfig, build_app
-from engine.server.cli import main
-from engine.server.launcher import ServerHandle, start_server
+from stallfree.engine.server.app import ServerConfig, build_app
+from stallfree.engine.server.cli import main
+from stallfree.engine.server.launcher import ServerHandle, start_server
 
 __all__ = ["ServerConfig", "ServerHandle", "build_app", "main", "start_server"]

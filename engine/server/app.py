@@ -15,16 +15,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException
 
-from engine import LLMEngine, SamplingParams
-from engine.hydra_groups import is_int, is_number, require
-from engine.limits import InvalidParam, short_repr
-from engine.server.generate import Generation
-from engine.server.history import BatchHistory
-from engine.server.http import ClientDisconnected, RequestContextMiddleware, SSEResponse, until_disconnected
-from engine.server.loop import EngineLoop
-from engine.server.metrics import ServerMetrics
-from engine.server.openai_format import OpenAIFormat, collect, stream_events
-from engine.server.protocol import (
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.engine.limits import InvalidParam, short_repr
+from stallfree.engine.server.generate import Generation
+from stallfree.engine.server.history import BatchHistory
+from stallfree.engine.server.http import (
+    ClientDisconnected,
+    RequestContextMiddleware,
+    SSEResponse,
+    until_disconnected,
+)
+from stallfree.engine.server.loop import EngineLoop
+from stallfree.engine.server.metrics import ServerMetrics
+from stallfree.engine.server.openai_format import OpenAIFormat, collect, stream_events
+from stallfree.engine.server.protocol import (
     MAX_PROMPTS_PER_REQUEST,
     APIError,
     ChatCompletionRequest,

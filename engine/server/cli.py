@@ -3,7 +3,7 @@
 Command line (Hydra overrides of conf/serve.yaml, which reuses the ``model/`` and ``scheduler/`` groups):
     stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000 [--api-key KEY]
 
-In process (tests, the bench harness): ``engine.server.start_server`` (engine/server/launcher.py).
+In process (tests, the bench harness): ``stallfree.engine.server.start_server`` (engine/server/launcher.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from engine.hydra_groups import (
+from stallfree.engine.hydra_groups import (
     CONF_DIR,
     compose,
     engine_kwargs_from_groups,
@@ -20,8 +20,8 @@ from engine.hydra_groups import (
     require,
     server_kwargs,
 )
-from engine.server.app import ServerConfig, build_app
-from engine.server.launcher import uvicorn_server
+from stallfree.engine.server.app import ServerConfig, build_app
+from stallfree.engine.server.launcher import uvicorn_server
 
 CONFIG_NAME = "serve"
 

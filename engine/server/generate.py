@@ -5,10 +5,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine import RequestMetrics, RequestOutput, SamplingParams
-from engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
-from engine.server.protocol import APIError
-from engine.server.text import ChoiceText
+from stallfree.engine import RequestMetrics, RequestOutput, SamplingParams
+from stallfree.engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
+from stallfree.engine.server.protocol import APIError
+from stallfree.engine.server.text import ChoiceText
 
 RETRY_AFTER_S = 1
 

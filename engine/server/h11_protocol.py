@@ -12,7 +12,7 @@ from http import HTTPStatus
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from engine.server.protocol import APIError
+from stallfree.engine.server.protocol import APIError
 
 
 def raw_error_response(error: APIError) -> bytes:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict
 
-from engine import BatchRecord
+from stallfree.engine import BatchRecord
 
 # Records per piece of a fetch's response (about 0.6 MB).
 JOIN_SLICE = 2000

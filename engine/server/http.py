@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.limits import SIZES
-from engine.server.protocol import APIError
+from stallfree.engine.limits import SIZES
+from stallfree.engine.server.protocol import APIError
 
 logger = logging.getLogger("stallfree.server")
 T = TypeVar("T")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-from engine.server.app import ServerConfig, ServerState, build_app
-from engine.server.h11_protocol import JSONErrorH11Protocol
-from engine.server.loop import EngineLoop
+from stallfree.engine.server.app import ServerConfig, ServerState, build_app
+from stallfree.engine.server.h11_protocol import JSONErrorH11Protocol
+from stallfree.engine.server.loop import EngineLoop
 
 SHUTDOWN_MARGIN_S = 0.5
 

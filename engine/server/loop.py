@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine import LLMEngine, RequestOutput, SamplingParams
-from engine.server.history import BatchHistory
-from engine.server.metrics import ServerMetrics
+from stallfree.engine import LLMEngine, RequestOutput, SamplingParams
+from stallfree.engine.server.history import BatchHistory
+from stallfree.engine.server.metrics import ServerMetrics
 
 logger = logging.getLogger("stallfree.server")
 

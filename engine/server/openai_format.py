@@ -5,8 +5,8 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from engine.server.generate import Generation, TokenEvent, api_error
-from engine.server.loop import EngineDead, EngineFailed
+from stallfree.engine.server.generate import Generation, TokenEvent, api_error
+from stallfree.engine.server.loop import EngineDead, EngineFailed
 
 
 class OpenAIFormat:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.hydra_groups import ConfigError
-from engine.model.arch import ArchConfig
-from engine.simulator.deployment import Deployment
-from engine.simulator.memory import MemoryPlan, plan_memory
-from engine.simulator.runner import DeploymentRunner
+from stallfree.engine.config import EngineConfig
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.simulator.deployment import Deployment
+from stallfree.engine.simulator.memory import MemoryPlan, plan_memory
+from stallfree.engine.simulator.runner import DeploymentRunner
 
 DEFAULT_MAX_MODEL_LEN = 8192
 

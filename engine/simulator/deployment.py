@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from engine.hydra_groups import ConfigError, is_int, is_number, require
+from stallfree.engine.hydra_groups import ConfigError, is_int, is_number, require
 
 KEY = "model.deployment"
 
@@ -68,9 +68,9 @@ class Deployment:
 
     def resolve(self) -> Resolved:
         """The shape, GPU and operator cost model these names stand for (ConfigError naming an unknown one)."""
-        from engine.simulator.hardware import GPUS
-        from engine.simulator.ops import OperatorCostModel, StageBatch
-        from engine.simulator.shapes import SHAPES
+        from stallfree.engine.simulator.hardware import GPUS
+        from stallfree.engine.simulator.ops import OperatorCostModel, StageBatch
+        from stallfree.engine.simulator.shapes import SHAPES
 
         require(self.gpu in GPUS, f"{KEY}.gpu", f"one of {sorted(GPUS)}", self.gpu)
         require(self.shape in SHAPES, f"{KEY}.shape", f"one of {sorted(SHAPES)}", self.shape)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.hydra_groups import ConfigError
-from engine.simulator.deployment import KEY, Deployment
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.simulator.deployment import KEY, Deployment
 
 GIB = 2**30
 # vLLM sizes the activation reserve by profiling one forward pass of its largest batch; this estimate

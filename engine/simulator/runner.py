@@ -13,9 +13,9 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from engine.scheduler.output import SchedulerOutput
-from engine.simulator.deployment import Deployment, Resolved
-from engine.simulator.pipeline import MicroBatchTiming, Pipeline
+from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.simulator.deployment import Deployment, Resolved
+from stallfree.engine.simulator.pipeline import MicroBatchTiming, Pipeline
 
 
 @dataclass(frozen=True)

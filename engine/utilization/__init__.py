@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.utilization.limits import MachineLimits, machine_limits
-from engine.utilization.op_split import OperatorSplit, SplitSampler
-from engine.utilization.work import IterationWork, ModelCounts
+from stallfree.engine.utilization.limits import MachineLimits, machine_limits
+from stallfree.engine.utilization.op_split import OperatorSplit, SplitSampler
+from stallfree.engine.utilization.work import IterationWork, ModelCounts
 
 __all__ = ["IterationWork", "MachineLimits", "ModelCounts", "OperatorSplit", "SplitSampler", "UtilizationMeter", "make_meter",
            "machine_limits"]

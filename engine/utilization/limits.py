@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from engine.device import cpu_description
-from engine.model.packed_linear import PackedLinear, can_pack
-from engine.model.presets import cache_root
+from stallfree.engine.device import cpu_description
+from stallfree.engine.model.packed_linear import PackedLinear, can_pack
+from stallfree.engine.model.presets import cache_root
 
 CPU = torch.device("cpu")
 
@@ -108,10 +108,10 @@ def machine_limits(device: torch.device, dtype: torch.dtype, *, refresh: bool = 
 
 
 def main() -> None:
-    """``python -m engine.utilization.limits [--refresh] [--dtype bfloat16] [--device cpu]``: print the limits."""
+    """``python -m stallfree.engine.utilization.limits [--refresh] [--dtype bfloat16] [--device cpu]``: print the limits."""
     import argparse
 
-    from engine.device import resolve_device, resolve_dtype
+    from stallfree.engine.device import resolve_device, resolve_dtype
 
     ap = argparse.ArgumentParser(description="This machine's matmul peak and memory bandwidth (cached).")
     ap.add_argument("--device", default="auto")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.model.packed_linear import PackedLinear
+from stallfree.engine.model.packed_linear import PackedLinear
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.model.arch import ArchConfig
+from stallfree.engine.model.arch import ArchConfig
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from engine import LLMEngine
-from loadgen.bench_config import digest, engine_kwargs, section
-from loadgen.studies.catalog import STUDIES, check_study
-from loadgen.studies.driver import IterationDriver
-from loadgen.studies.table import write_rows
+from stallfree.engine import LLMEngine
+from stallfree.loadgen.bench_config import digest, engine_kwargs, section
+from stallfree.loadgen.studies.catalog import STUDIES, check_study
+from stallfree.loadgen.studies.driver import IterationDriver
+from stallfree.loadgen.studies.table import write_rows
 
 __all__ = ["run_study"]
 

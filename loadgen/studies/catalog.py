@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from engine.hydra_groups import is_int, require
-from loadgen.studies.driver import IterationDriver
-from loadgen.studies.table import PhaseRow
+from stallfree.engine.hydra_groups import is_int, require
+from stallfree.loadgen.studies.driver import IterationDriver
+from stallfree.loadgen.studies.table import PhaseRow
 
 SIZE_LISTS = {"phases": ("decode_batch_sizes", "prefill_sizes", "hybrid_chunk_sizes", "hybrid_decodes"),
               "chunking": ("prompt_lengths", "chunk_sizes"), "tiles": ("chunk_sizes",)}

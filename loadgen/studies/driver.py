@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams
 
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 

@@ -2,11 +2,11 @@
 implementing loadgen.targets.base.Target. None of them imports torch until it is made."""
 from __future__ import annotations
 
-from engine.hydra_groups import require
-from loadgen.targets.base import Replay, Target, TargetClass
-from loadgen.targets.inprocess import InProcessTarget
-from loadgen.targets.locust_run import LocustTarget
-from loadgen.targets.openai_server import HttpTarget, UrlTarget
+from stallfree.engine.hydra_groups import require
+from stallfree.loadgen.targets.base import Replay, Target, TargetClass
+from stallfree.loadgen.targets.inprocess import InProcessTarget
+from stallfree.loadgen.targets.locust_run import LocustTarget
+from stallfree.loadgen.targets.openai_server import HttpTarget, UrlTarget
 
 TARGETS: dict[str, TargetClass] = {
     "inprocess": InProcessTarget, "http": HttpTarget, "url": UrlTarget, "locust": LocustTarget,

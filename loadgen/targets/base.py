@@ -8,8 +8,8 @@ from typing import Protocol
 
 from omegaconf import DictConfig
 
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 Progress = Callable[[RequestRecord], None]
 

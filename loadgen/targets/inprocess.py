@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from engine.hydra_groups import ConfigError
-from loadgen.bench_config import engine_kwargs, model_vocab_size
-from loadgen.records import RequestRecord, as_row
-from loadgen.targets.base import Progress, Replay
-from loadgen.workload import RequestSpec
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.bench_config import engine_kwargs, model_vocab_size
+from stallfree.loadgen.records import RequestRecord, as_row
+from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.workload import RequestSpec
 
 if TYPE_CHECKING:
-    from engine import RequestMetrics
+    from stallfree.engine import RequestMetrics
 
 START_DELAY_S = 0.01  # t0 a little ahead of now, so the first request is not late on arrival
 TIMEOUT_ERROR = "unfinished within timeout_s of its arrival"
@@ -55,7 +55,7 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
       ``error`` record (the others run on).
     * ``progress(record)`` is called as each request ends.
     """
-    from engine import SamplingParams
+    from stallfree.engine import SamplingParams
 
     first_batch = len(engine.batch_records)
     t0 = engine.clock() + START_DELAY_S
@@ -110,7 +110,7 @@ class InProcessTarget:
     """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
 
     def __init__(self, cfg: DictConfig, log_dir: Path):
-        from engine import LLMEngine
+        from stallfree.engine import LLMEngine
 
         try:
             self.engine = LLMEngine.from_kwargs(**engine_kwargs(cfg))

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen.bench_config import model_vocab_size
-from loadgen.records import RequestRecord
-from loadgen.targets.base import Progress, Replay
-from loadgen.targets.serve_process import ServeProcess
-from loadgen.targets.server_check import check_server
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.bench_config import model_vocab_size
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.serve_process import ServeProcess
+from stallfree.loadgen.targets.server_check import check_server
+from stallfree.loadgen.workload import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
 OUTPUT_DIR = "locust"  # Locust's outputs, in the run directory

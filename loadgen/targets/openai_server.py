@@ -10,14 +10,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loadgen.bench_config import model_vocab_size
-from loadgen.openloop import run_open_loop_sync
-from loadgen.records import RequestRecord
-from loadgen.targets.base import Progress, Replay
-from loadgen.targets.batch_poller import BatchPoller
-from loadgen.targets.serve_process import ServeProcess
-from loadgen.targets.server_check import check_server
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.bench_config import model_vocab_size
+from stallfree.loadgen.openloop import run_open_loop_sync
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.batch_poller import BatchPoller
+from stallfree.loadgen.targets.serve_process import ServeProcess
+from stallfree.loadgen.targets.server_check import check_server
+from stallfree.loadgen.workload import RequestSpec
 
 
 class _OpenLoopHttpTarget:

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 from omegaconf import DictConfig
 
-from engine.hydra_groups import ConfigError, serve_overrides
-from loadgen.bench_config import section
+from stallfree.engine.hydra_groups import ConfigError, serve_overrides
+from stallfree.loadgen.bench_config import section
 
 STOP_TIMEOUT_S = 15
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import capacity, load, pareto, report, stalls
+from stallfree.analysis import capacity, load, pareto, report, stalls
 from tests.analysis.notebooks import FIGURES, check_executed_notebook
 from tests.fakes.synthetic_results import write_synthetic_results
 

@@ -4,10 +4,10 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from analysis import load
-from loadgen.metrics import summarize
-from loadgen.records import RequestRecord
-from loadgen.results import requests_frame, write_run
+from stallfree.analysis import load
+from stallfree.loadgen.metrics import summarize
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.results import requests_frame, write_run
 
 T0 = 1000.0
 

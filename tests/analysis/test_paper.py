@@ -4,7 +4,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis import paper
+from stallfree.analysis import paper
 
 
 def search(model, workload, slo, scheduler, capacity, run_id):
@@ -66,7 +66,7 @@ def test_ablation_and_bubbles(results):
 
 
 def test_report_of_the_study_is_its_section_alone(results):
-    from analysis import report
+    from stallfree.analysis import report
 
     assert report.main([str(results)]) == 0
     html = (results / "report.html").read_text()

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from analysis import phases
-from analysis.report import build_report
-from loadgen.studies.table import COLUMNS, RUN_COLUMNS
+from stallfree.analysis import phases
+from stallfree.analysis.report import build_report
+from stallfree.loadgen.studies.table import COLUMNS, RUN_COLUMNS
 from tests.analysis.notebooks import check_executed_notebook
 
 RUN = {"model": "hand", "device": "test cpu", "dtype": "bfloat16", "peak_flops": 1e12, "bandwidth": 1e10}
@@ -68,8 +68,8 @@ def test_tables(frame):
 
 @pytest.mark.slow
 def test_report_includes_phases_notebook(tmp_path, tiny_path):
-    from engine.hydra_groups import compose
-    from loadgen.studies import run_study
+    from stallfree.engine.hydra_groups import compose
+    from stallfree.loadgen.studies import run_study
 
     for experiment, overrides in (
             ("phases", ["study.decode_batch_sizes=[1,4]", "study.decode_context=16", "study.prefill_sizes=[16,32]",
@@ -86,7 +86,7 @@ def test_report_includes_phases_notebook(tmp_path, tiny_path):
 
 
 def test_figures_name_model_device_and_units(frame):
-    from analysis import phase_plots
+    from stallfree.analysis import phase_plots
 
     tiles = pd.DataFrame([row("tile", 0.05 + 0.01 * (n > 256), prefill=n, chunk=n) for n in (255, 256, 257)])
     frame = pd.concat([frame, tiles], ignore_index=True)

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis import load, plots
-from analysis.repeats import repeat_summary
-from loadgen.stats import mean_interval
+from stallfree.analysis import load, plots
+from stallfree.analysis.repeats import repeat_summary
+from stallfree.loadgen.stats import mean_interval
 
 
 def test_interval_is_students_t():

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from analysis import load
-from analysis.report import main as report_main
-from analysis.vllm_format import export_vllm
-from loadgen.metrics import summarize
-from loadgen.records import RequestRecord
-from loadgen.results import requests_frame, write_run
+from stallfree.analysis import load
+from stallfree.analysis.report import main as report_main
+from stallfree.analysis.vllm_format import export_vllm
+from stallfree.loadgen.metrics import summarize
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.results import requests_frame, write_run
 
 
 def _records(n: int = 12, lag_s: float = 0.05) -> list[RequestRecord]:

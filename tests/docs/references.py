@@ -2,7 +2,7 @@
 
 A file reference is a repository path such as ``engine/runner/simulated.py`` (a ``{a,b}`` group names
 several files; ``:123`` or ``:name`` may follow). A symbol reference is a dotted name in backticks that
-starts at one of the repository's packages (`` `engine.server.start_server` ``) or a path followed by
+starts at one of the installed packages (`` `stallfree.engine.server.start_server` ``) or a path followed by
 ``:name`` (``loadgen/capacity.py:search``). Symbols are looked up in the source without importing it.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ PLACEHOLDER = re.compile(r"\bNAME\b|<")  # conf/slo/NAME.yaml, gpu_<device>.json
 _TOPS = "|".join(re.escape(t) for t in TOPS)
 PATH = re.compile(rf"(?<![\w/.-])((?:{_TOPS})/[\w./{{}},*-]*[\w}}*])(?::([A-Za-z_]\w*))?")
 BARE_FILE = re.compile(r"`(test_\w+\.py|[\w-]+\.ipynb)`")  # a test file or notebook named alone: somewhere in the tree
-SYMBOL = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:\.\w+)+)`")
+SYMBOL = re.compile(rf"`((?:stallfree\.)?(?:{'|'.join(PACKAGES)})(?:\.\w+)+)`")
 
 
 def expand(path: str) -> list[str]:
@@ -68,7 +68,11 @@ def file_names() -> frozenset[str]:
 
 
 def module_file(dotted: str) -> Path | None:
-    base = ROOT.joinpath(*dotted.split("."))
+    """The file of a module named as installed (``stallfree.engine.server``): the folders are the
+    distribution's subpackages (setup.py)."""
+    if not dotted.startswith("stallfree."):
+        return None
+    base = ROOT.joinpath(*dotted.split(".")[1:])
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate

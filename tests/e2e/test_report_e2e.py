@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import report
+from stallfree.analysis import report
 from tests.analysis.notebooks import FIGURES, check_executed_notebook
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 # Modules that define Triton kernels: ``@triton.jit`` reads TRITON_INTERPRET when a module is imported.
-TRITON_KERNEL_MODULES = ("engine.attention.triton_kernel", "engine.model.triton_layer_kernels")
+TRITON_KERNEL_MODULES = ("stallfree.engine.attention.triton_kernel", "stallfree.engine.model.triton_layer_kernels")
 
 
 def import_triton_for_the_interpreter(monkeypatch) -> None:

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams
 
 # Dtypes of the Triton kernel tests: bf16 only on CUDA, because the Triton 3.9 interpreter's bf16 is
 # wrong on the CPU (``tl.dot`` errors around 5e10 on a 16x32x16 product; stores truncate, not round).

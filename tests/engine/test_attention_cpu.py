@@ -5,11 +5,11 @@ import shutil
 import pytest
 import torch
 
-from engine.attention import CPUPagedAttention, SDPAAttention, make_attention_backend, native
-from engine.attention.metadata import bottom_right_causal_mask
-from engine.request import SamplingParams
-from engine.runner.batch_prep import prepare_host_batch, to_device
-from engine.scheduler.output import ScheduledUnit
+from stallfree.engine.attention import CPUPagedAttention, SDPAAttention, make_attention_backend, native
+from stallfree.engine.attention.metadata import bottom_right_causal_mask
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.scheduler.output import ScheduledUnit
 
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                                     reason="no C++ compiler to build the kernel")

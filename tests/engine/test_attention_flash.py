@@ -8,9 +8,9 @@ from itertools import accumulate
 import pytest
 import torch
 
-from engine.attention.flash_attn import FlashAttention, flash_attn_available
-from engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
-from engine.attention.sdpa import SDPAAttention
+from stallfree.engine.attention.flash_attn import FlashAttention, flash_attn_available
+from stallfree.engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
+from stallfree.engine.attention.sdpa import SDPAAttention
 
 H, HKV, D, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 16, 4, 32
 SCALE = 1 / math.sqrt(D)
@@ -204,7 +204,7 @@ def broken_flash_attn(tmp_path, monkeypatch):
 
 
 def test_a_broken_flash_attn_makes_auto_fall_back_with_a_warning(broken_flash_attn, monkeypatch, caplog):
-    import engine.attention as attention
+    import stallfree.engine.attention as attention
     cuda = torch.device("cuda")
     assert flash_attn_available(cuda, torch.bfloat16) is False
     assert "installed but does not import" in caplog.text and "undefined symbol" in caplog.text
@@ -215,7 +215,7 @@ def test_a_broken_flash_attn_makes_auto_fall_back_with_a_warning(broken_flash_at
 
 
 def test_auto_prefers_the_graph_safe_triton_backend_on_cuda(monkeypatch):
-    import engine.attention as attention
+    import stallfree.engine.attention as attention
     monkeypatch.setattr(attention, "flash_attn_available", lambda device, dtype: True)
     monkeypatch.setattr(attention, "triton_available", lambda device: True)
     assert attention.auto_backend(torch.device("cuda"), torch.bfloat16, head_dim=128) == "triton"

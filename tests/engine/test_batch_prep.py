@@ -1,10 +1,10 @@
 """Host batch preparation against a per-token reference, and the CUDA-graph bucket arithmetic."""
 import torch
 
-from engine.request import SamplingParams
-from engine.runner.batch_prep import prepare_host_batch, to_device
-from engine.runner.cuda_graphs import batch_size_buckets, bucket_for
-from engine.scheduler.output import ScheduledUnit
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.runner.cuda_graphs import batch_size_buckets, bucket_for
+from stallfree.engine.scheduler.output import ScheduledUnit
 
 BLOCK_SIZE = 4
 

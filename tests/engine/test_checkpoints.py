@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLMEngine, SamplingParams
-from engine.model.presets import resolve_model_path
-from engine.server import main
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.server import main
 
 ENGINE = {"dtype": "float32", "num_blocks": 64}
 WEIGHTS = "model.safetensors"

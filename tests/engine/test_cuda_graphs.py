@@ -11,14 +11,14 @@ import functools
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.attention import SDPAAttention
-from engine.model.arch import ArchConfig
-from engine.model.loader import load_model
-from engine.runner import factory
-from engine.runner.memory import GIB, Baseline, MemoryProfile, kv_cache_bytes
-from engine.runner.model_runner import ModelRunner
-from engine.scheduler import ScheduledUnit, SchedulerOutput
+from stallfree.engine import EngineConfig, LLMEngine, SamplingParams
+from stallfree.engine.attention import SDPAAttention
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.loader import load_model
+from stallfree.engine.runner import factory
+from stallfree.engine.runner.memory import GIB, Baseline, MemoryProfile, kv_cache_bytes
+from stallfree.engine.runner.model_runner import ModelRunner
+from stallfree.engine.scheduler import ScheduledUnit, SchedulerOutput
 from tests.engine.helpers import make_prompts, run_staggered
 
 BLOCK_SIZE = 8

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from engine import LLMEngine, SamplingParams
-from engine.attention.native import load_cpu_kernels
-from engine.model import loader
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.attention.native import load_cpu_kernels
+from stallfree.engine.model import loader
 from tests.engine.helpers import make_prompts, run_staggered
 
 MAX_TOKENS = 12

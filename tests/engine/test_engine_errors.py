@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from engine import LLM, LLMEngine, SamplingParams
+from stallfree.engine import LLM, LLMEngine, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from engine import LLM, LLMEngine, SamplingParams
-from engine.limits import INT64_MAX, INT64_MIN, RANGES
-from engine.runner.isolation import execute_isolating
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine import LLM, LLMEngine, SamplingParams
+from stallfree.engine.limits import INT64_MAX, INT64_MIN, RANGES
+from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from tests.engine.helpers import make_prompts
 from tests.fakes.poisoned_runner import POISON_SEED, PoisonedRunner
 
@@ -181,8 +181,8 @@ def test_the_simulated_runner_is_isolated_too(tmp_path):
 
 
 def test_the_inprocess_load_generator_records_the_failed_request_alone(engine):
-    from loadgen.targets.inprocess import replay
-    from loadgen.workload import build_workload
+    from stallfree.loadgen.targets.inprocess import replay
+    from stallfree.loadgen.workload import build_workload
 
     specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 16, "output": 8}, 4, 0, 1000)
     real = engine.runner

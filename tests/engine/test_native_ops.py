@@ -4,8 +4,8 @@ that use them is in test_engine_correctness.py."""
 import pytest
 import torch
 
-from engine.model.llama import ApplyRotary, RMSNorm, SiluAndMul
-from engine.model.native_ops import (
+from stallfree.engine.model.llama import ApplyRotary, RMSNorm, SiluAndMul
+from stallfree.engine.model.native_ops import (
     NativeApplyRotary,
     NativeRMSNorm,
     NativeSiluAndMul,
@@ -81,8 +81,8 @@ def test_silu_and_mul(dtype, rows):
 
 
 def test_use_native_ops_swaps_modules_and_keeps_weights():
-    from engine.model.arch import ArchConfig
-    from engine.model.llama import LlamaForCausalLM
+    from stallfree.engine.model.arch import ArchConfig
+    from stallfree.engine.model.llama import LlamaForCausalLM
 
     cfg = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
                                      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -98,7 +98,7 @@ def test_use_native_ops_swaps_modules_and_keeps_weights():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cpu_engine_models_use_native_ops(dtype):
-    from engine import LLM
+    from stallfree.engine import LLM
 
     model = LLM("tiny", dtype=dtype).engine.runner.model
     assert isinstance(model.norm, NativeRMSNorm)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.device import cpu_has_fast_bf16
-from engine.model.packed_linear import PackedLinear, can_pack, pack_linears
+from stallfree.engine.device import cpu_has_fast_bf16
+from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="no oneDNN in this torch")
 
@@ -51,7 +51,7 @@ def test_what_is_packed():
 
 
 def test_fp32_engine_model_uses_packed_linears():
-    from engine import LLM
+    from stallfree.engine import LLM
 
     llm = LLM("tiny", dtype="float32")
     model = llm.engine.runner.model
@@ -63,8 +63,8 @@ RSS_AFTER_MANY_BATCH_SIZES = """
 import sys
 
 import torch
-from engine.device import cpu_has_fast_bf16
-from engine.model.packed_linear import PackedLinear
+from stallfree.engine.device import cpu_has_fast_bf16
+from stallfree.engine.model.packed_linear import PackedLinear
 
 def rss_mib():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) / 1024

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine import SCHEDULERS, LLMEngine, SamplingParams
+from stallfree.engine import SCHEDULERS, LLMEngine, SamplingParams
 
 MAX_NUM_SEQS = 4
 CHUNK = 48

@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from engine import EngineConfig, SamplingParams
-from engine.model.arch import ArchConfig
-from engine.runner.clock import VirtualClock
-from engine.runner.cost_model import CostModel
-from engine.runner.factory import make_runner
-from engine.runner.simulated import SimulatedRunner
-from engine.scheduler import ScheduledUnit, SchedulerOutput
+from stallfree.engine import EngineConfig, SamplingParams
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.runner.cost_model import CostModel
+from stallfree.engine.runner.factory import make_runner
+from stallfree.engine.runner.simulated import SimulatedRunner
+from stallfree.engine.scheduler import ScheduledUnit, SchedulerOutput
 
 BLOCK_SIZE = 8
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)

@@ -1,8 +1,8 @@
 """The batched sampler: greedy rows, exact top-k / top-p masks, distributions, seeded reproducibility."""
 import torch
 
-from engine.request import SamplingParams
-from engine.runner.sampler import filtered_logits, sample
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.sampler import filtered_logits, sample
 
 
 def reference_mask(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from engine import LLMEngine, SamplingParams
-from engine.outputs import BatchRecord
-from engine.runner.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.runner.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
 
 FIXED = CostModel(coefficients={"intercept": 0.004, "num_prefill_tokens": 2e-5, "num_decode_seqs": 3e-4,
                                 "prefill_attention_work": 1e-8, "decode_context_tokens": 2e-7})
@@ -100,7 +100,7 @@ def test_a_profile_of_an_older_engine_loads_with_a_warning_naming_it(tmp_path, c
     records = [record(*s, predicted(FIXED, record(*s, 0))) for s in random_shapes(40, seed=1)]
     CostModel.fit(records, fitted_on={"engine_revision": ENGINE_REVISION}).save(tmp_path / "current.json")
     CostModel.fit(records, fitted_on={}).save(tmp_path / "old.json")  # before revisions were recorded
-    with caplog.at_level("WARNING", logger="engine.runner.cost_model"):
+    with caplog.at_level("WARNING", logger="stallfree.engine.runner.cost_model"):
         CostModel.load(tmp_path / "current.json")
         assert not caplog.text
         CostModel.load(tmp_path / "old.json")
@@ -156,7 +156,7 @@ def test_profiling_fits_the_real_runner_once(monkeypatch):
 
 def test_profile_requests_sample_as_the_load_generator_does(monkeypatch):
     """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay."""
-    from engine.runner.profile import profile_cost_model
+    from stallfree.engine.runner.profile import profile_cost_model
 
     added: list[SamplingParams] = []
     real_add = LLMEngine.add_request

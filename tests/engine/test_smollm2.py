@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine import LLMEngine, SamplingParams
-from engine.model.gguf_convert import unpermute
-from engine.model.presets import packaged_file, resolve_model_path
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.model.gguf_convert import unpermute
+from stallfree.engine.model.presets import packaged_file, resolve_model_path
 from tests.engine.helpers import run_staggered
 
 

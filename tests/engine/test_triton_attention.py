@@ -8,10 +8,10 @@ cannot be verified on a CPU.
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.attention import SDPAAttention, TritonAttention, make_attention_backend
-from engine.runner.batch_prep import prepare_host_batch, to_device
-from engine.scheduler.output import ScheduledUnit
+from stallfree.engine import EngineConfig, LLMEngine, SamplingParams
+from stallfree.engine.attention import SDPAAttention, TritonAttention, make_attention_backend
+from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.scheduler.output import ScheduledUnit
 from tests.engine.helpers import TRITON_DTYPES, make_prompts, run_staggered
 
 BLOCK_SIZE = 16
@@ -118,7 +118,7 @@ def test_engine_with_triton_matches_sdpa_token_for_token(triton_device, tiny_pat
     outputs = {}
     for backend in ("sdpa", "triton"):
         if split_kv:  # every decode-only step takes the split path
-            monkeypatch.setattr("engine.attention.triton_unified.num_sms", lambda device: 1 << 20)
+            monkeypatch.setattr("stallfree.engine.attention.triton_unified.num_sms", lambda device: 1 << 20)
         engine = LLMEngine(EngineConfig.from_kwargs(
             model=str(tiny_path), dtype="float32", device=triton_device.type, attention_backend=backend,
             scheduler="sarathi", chunk_size=24, num_blocks=64))

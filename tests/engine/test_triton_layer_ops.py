@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.model.llama import ApplyRotary, RMSNorm, RotaryEmbedding, SiluAndMul
-from engine.model.triton_ops import (
+from stallfree.engine import EngineConfig, LLMEngine, SamplingParams
+from stallfree.engine.model.llama import ApplyRotary, RMSNorm, RotaryEmbedding, SiluAndMul
+from stallfree.engine.model.triton_ops import (
     TRITON_MODULES,
     TritonApplyRotary,
     TritonRMSNorm,

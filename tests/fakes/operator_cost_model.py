@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.simulator.deployment import Resolved
+from stallfree.engine.simulator.deployment import Resolved
 
 LAYER_FIXED_S = 1e-3  # per layer and micro-batch
 LAYER_PER_TOKEN_S = 1e-5  # per layer and token

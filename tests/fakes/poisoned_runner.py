@@ -9,7 +9,7 @@ step has written the KV cache of every request in it, as a fault in the sampler 
 """
 from __future__ import annotations
 
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 POISON_SEED = 666_666
 

@@ -2,8 +2,8 @@
 server's bounded history and none twice."""
 import httpx
 
-from engine.server import ServerConfig, start_server
-from loadgen.targets.batch_poller import BatchPoller
+from stallfree.engine.server import ServerConfig, start_server
+from stallfree.loadgen.targets.batch_poller import BatchPoller
 
 
 def test_polling_in_pages_keeps_every_iteration_of_a_short_lived_history():

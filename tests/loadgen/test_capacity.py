@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.capacity import Point, point_from_summary, probes_left, search
+from stallfree.loadgen.capacity import Point, point_from_summary, probes_left, search
 
 BIN = Path(sys.executable).parent
 
@@ -109,8 +109,8 @@ def test_capacity_search_on_tiny_inprocess(tmp_path):
 def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    from engine.hydra_groups import CONF_DIR
-    from loadgen import capacity
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen import capacity
 
     capacities, calls, parts = {0: 4.0, 1: 6.0}, [], []
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import resolve_model_path
-from engine.server import start_server
-from loadgen.completions import request, tokens_in_chunk
-from loadgen.openloop import run_open_loop_sync
-from loadgen.targets.locust_run import run_locust
-from loadgen.text_workloads import load_tokenizer
-from loadgen.workload import RequestSpec, build_workload
+from stallfree.engine import resolve_model_path
+from stallfree.engine.server import start_server
+from stallfree.loadgen.completions import request, tokens_in_chunk
+from stallfree.loadgen.openloop import run_open_loop_sync
+from stallfree.loadgen.targets.locust_run import run_locust
+from stallfree.loadgen.text_workloads import load_tokenizer
+from stallfree.loadgen.workload import RequestSpec, build_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

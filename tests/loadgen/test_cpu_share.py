@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from loadgen.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
-from loadgen.runner import cpu_summary
-from loadgen.targets.inprocess import replay
-from loadgen.workload import build_workload
+from stallfree.loadgen.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
+from stallfree.loadgen.runner import cpu_summary
+from stallfree.loadgen.targets.inprocess import replay
+from stallfree.loadgen.workload import build_workload
 
 HOG_S = 60  # each hog stops by itself after this long, whatever happens to the test
 
@@ -51,7 +51,7 @@ def test_monitor_without_a_local_process_reports_nothing():
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    from engine import LLMEngine
+    from stallfree.engine import LLMEngine
 
     return LLMEngine.from_kwargs(model="tiny", dtype="float32")
 

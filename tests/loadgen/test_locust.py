@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from engine.server import start_server
-from loadgen.metrics import request_metrics, summarize
-from loadgen.results import requests_frame
-from loadgen.targets.locust_run import read_records
+from stallfree.engine.server import start_server
+from stallfree.loadgen.metrics import request_metrics, summarize
+from stallfree.loadgen.results import requests_frame
+from stallfree.loadgen.targets.locust_run import read_records
 from tests.fakes.fake_sse_server import running_fake_server
 from tests.machine_stalls import retry_while_stalled
 

@@ -7,10 +7,17 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from loadgen.locust_llm_events import LiveEvents
-from loadgen.locust_llm_stats import WHOLE_RUN, WINDOW_S, LLMStats, LogHistogram, SLOBounds, slo_bounds
-from loadgen.records import RequestRecord
-from loadgen.workload import RequestSpec
+from stallfree.loadgen.locust_llm_events import LiveEvents
+from stallfree.loadgen.locust_llm_stats import (
+    WHOLE_RUN,
+    WINDOW_S,
+    LLMStats,
+    LogHistogram,
+    SLOBounds,
+    slo_bounds,
+)
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
 
 T0 = 1_700_000_000.0
 

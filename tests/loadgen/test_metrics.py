@@ -5,9 +5,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.metrics import LATENCY_METRICS, summarize
-from loadgen.records import RequestRecord
-from loadgen.results import (
+from stallfree.loadgen.metrics import LATENCY_METRICS, summarize
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.results import (
     REQUESTS_SCHEMA,
     is_complete,
     make_run_id,

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine import CostModel
-from engine.hydra_groups import compose
-from engine.model.presets import hf_config
+from stallfree.engine import CostModel
+from stallfree.engine.hydra_groups import compose
+from stallfree.engine.model.presets import hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path(sys.executable).parent / "stallfree-bench"
-COST_MODEL = ROOT / "benchmarks" / "cost_models" / "mistral-7b-h200-roofline.json"
+COST_MODEL = ROOT / "engine" / "runner" / "cost_models" / "mistral-7b-h200-roofline.json"
 
 
 def test_committed_roofline_cost_model_matches_the_shape_and_the_h200_limits():
@@ -45,7 +45,7 @@ def test_paper_preset_takes_each_deployments_slo_and_token_budget(model, slo, tb
 
 
 def test_paper_preset_runs_a_point_of_a_pipelined_deployment(tmp_path):
-    pytest.importorskip("engine.simulator.ops", reason="the operator cost model (engine/simulator/ops)")
+    pytest.importorskip("stallfree.engine.simulator.ops", reason="the operator cost model (engine/simulator/ops)")
     args = ["+experiment=paper", "mode=run", "model=llama2_70b_a40_tp4_pp2", "workload=openchat_sharegpt4",
             "slo=strict", "scheduler=sarathi", "qps=0.5", "num_requests=40", f"results_dir={tmp_path}"]
     proc = subprocess.run([BENCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)

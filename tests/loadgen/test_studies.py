@@ -6,12 +6,12 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from engine import LLMEngine
-from engine.hydra_groups import ConfigError, compose
-from loadgen.studies import run_study
-from loadgen.studies.catalog import check_study
-from loadgen.studies.driver import IterationDriver
-from loadgen.studies.table import COLUMNS, RUN_COLUMNS
+from stallfree.engine import LLMEngine
+from stallfree.engine.hydra_groups import ConfigError, compose
+from stallfree.loadgen.studies import run_study
+from stallfree.loadgen.studies.catalog import check_study
+from stallfree.loadgen.studies.driver import IterationDriver
+from stallfree.loadgen.studies.table import COLUMNS, RUN_COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.hydra_groups import CONF_DIR, ConfigError
-from loadgen.targets import TARGETS, Target, target_class
-from loadgen.targets.inprocess import TIMEOUT_ERROR, replay
-from loadgen.workload import build_workload
+from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
+from stallfree.loadgen.targets import TARGETS, Target, target_class
+from stallfree.loadgen.targets.inprocess import TIMEOUT_ERROR, replay
+from stallfree.loadgen.workload import build_workload
 
 KINDS = sorted(p.stem for p in (CONF_DIR / "target").glob("*.yaml"))
 
@@ -34,7 +34,7 @@ def test_unknown_kind_is_a_config_error():
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    from engine import LLMEngine
+    from stallfree.engine import LLMEngine
 
     return LLMEngine.from_kwargs(model="tiny", dtype="float32")
 

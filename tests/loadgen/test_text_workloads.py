@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import resolve_model_path
-from engine.hydra_groups import ConfigError
-from loadgen.text_workloads import chat_token_ids, load_tokenizer
-from loadgen.workload import build_workload
+from stallfree.engine import resolve_model_path
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.text_workloads import chat_token_ids, load_tokenizer
+from stallfree.loadgen.workload import build_workload
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 POISSON = {"kind": "poisson", "qps": 2.0}

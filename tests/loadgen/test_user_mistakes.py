@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.server import start_server
+from stallfree.engine.server import start_server
 
 BIN = Path(sys.executable).parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "STALLFREE_DEBUG")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine import LLM
-from engine.server import ServerConfig, start_server
+from stallfree.engine import LLM
+from stallfree.engine.server import ServerConfig, start_server
 from tests.fakes.poisoned_runner import PoisonedRunner
 
 ENGINE = {"model": "tiny", "dtype": "float32", "scheduler": "sarathi", "chunk_size": 512, "num_blocks": 2048}

@@ -9,7 +9,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import LLM, SamplingParams
+from stallfree.engine import LLM, SamplingParams
 
 
 def greedy(llm: LLM, prompt: str | list[int], max_tokens: int) -> tuple[str, list[int]]:

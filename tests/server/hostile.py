@@ -12,8 +12,8 @@ import math
 
 from hypothesis import strategies as st
 
-from engine.limits import RANGES, SIZES, Range
-from engine.server.protocol import NOT_SUPPORTED
+from stallfree.engine.limits import RANGES, SIZES, Range
+from stallfree.engine.server.protocol import NOT_SUPPORTED
 
 HUGE = int("9" * 4300)  # the top_k: the longest integer Python's JSON decoder reads
 VOCAB = 2048  # the tiny preset's

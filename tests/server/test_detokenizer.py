@@ -9,9 +9,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.model.presets import resolve_model_path, synthetic_corpus
-from engine.server.text import ChoiceText, IncrementalDetokenizer, decode_stream_backend
-from engine.tokenizer import load_tokenizer
+from stallfree.engine.model.presets import resolve_model_path, synthetic_corpus
+from stallfree.engine.server.text import ChoiceText, IncrementalDetokenizer, decode_stream_backend
+from stallfree.engine.tokenizer import load_tokenizer
 from tests.server.conftest import BYTE_CHARS, ENGINE, PROMPT
 
 UNICODE = "naïve café — ok 😀 done"

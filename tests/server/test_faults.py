@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from engine import LLMEngine
-from engine.server import start_server
+from stallfree.engine import LLMEngine
+from stallfree.engine.server import start_server
 from tests.server.conftest import ENGINE, PROMPT
 from tests.server.helpers import (
     async_client,

@@ -13,10 +13,10 @@ from dataclasses import fields
 import httpx
 import pytest
 
-from engine import BatchRecord
-from engine.model.presets import resolve_model_path
-from engine.server import ServerConfig, start_server
-from engine.server.history import BatchHistory
+from stallfree.engine import BatchRecord
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.server import ServerConfig, start_server
+from stallfree.engine.server.history import BatchHistory
 from tests.server.conftest import ENGINE
 from tests.server.helpers import (
     async_client,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.limits import RANGES
-from engine.server.protocol import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest
+from stallfree.engine.limits import RANGES
+from stallfree.engine.server.protocol import NOT_SUPPORTED, ChatCompletionRequest, CompletionRequest
 from tests.server.helpers import async_client, greedy, stream_tokens
 
 HUGE = "9" * 4300  # the top_k, as JSON text (the longest integer Python's JSON decoder reads)

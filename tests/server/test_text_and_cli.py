@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.server import main
-from engine.server.text import IncrementalDetokenizer, StopStringFilter
+from stallfree.engine.server import main
+from stallfree.engine.server.text import IncrementalDetokenizer, StopStringFilter
 from tests.server.conftest import BYTE_CHARS
 
 

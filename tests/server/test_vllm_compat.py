@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from engine.server import ServerConfig, start_server
+from stallfree.engine.server import ServerConfig, start_server
 from tests.server.conftest import ENGINE, PROMPT
 from tests.server.helpers import async_client, greedy, is_openai_error, metric, scrape, wait_idle
 

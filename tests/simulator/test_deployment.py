@@ -1,11 +1,11 @@
 """Deployments as configuration, and how a deployment's stages compose the operator cost model's times."""
 import pytest
 
-from engine.hydra_groups import ConfigError, compose
-from engine.request import SamplingParams
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
-from engine.simulator.deployment import Deployment
-from engine.simulator.runner import DeploymentRunner
+from stallfree.engine.hydra_groups import ConfigError, compose
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.simulator.deployment import Deployment
+from stallfree.engine.simulator.runner import DeploymentRunner
 from tests.fakes import operator_cost_model as fake
 from tests.fakes.operator_cost_model import FakeShape, fake_resolved
 

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from engine import LLMEngine, SamplingParams
-from engine.simulator.deployment import Deployment
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.simulator.deployment import Deployment
 from tests.fakes.operator_cost_model import fake_resolved
 
 

@@ -1,9 +1,9 @@
 """The scheduler's in-flight set: a request scheduled in a step whose result is not applied yet is neither
 scheduled again nor preempted; with one step at a time nothing is in flight when a step is scheduled."""
-from engine.config import SchedulerConfig
-from engine.kv_cache import KVCacheManager
-from engine.request import Request, SamplingParams
-from engine.scheduler import make_scheduler
+from stallfree.engine.config import SchedulerConfig
+from stallfree.engine.kv_cache import KVCacheManager
+from stallfree.engine.request import Request, SamplingParams
+from stallfree.engine.scheduler import make_scheduler
 
 
 def scheduler(policy: str = "sarathi", num_blocks: int = 64):

@@ -1,9 +1,9 @@
 """The memory planner: KV blocks = GPU memory x utilisation - weights / (TP x PP) - activation reserve, per GPU."""
 import pytest
 
-from engine.hydra_groups import ConfigError
-from engine.simulator.deployment import Deployment
-from engine.simulator.memory import GIB, plan_memory
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.simulator.deployment import Deployment
+from stallfree.engine.simulator.memory import GIB, plan_memory
 from tests.fakes.operator_cost_model import FakeGPU, FakeShape
 
 SHAPE = FakeShape()  # 2 GiB of weights; 8 layers, 4 KV heads of 128

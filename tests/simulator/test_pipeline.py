@@ -1,7 +1,7 @@
 """Pipeline stages: when each stage runs a micro-batch, and its bubbles, on hand-made schedules."""
 import pytest
 
-from engine.simulator.pipeline import Pipeline
+from stallfree.engine.simulator.pipeline import Pipeline
 
 
 def test_two_stage_schedule_times_and_bubbles():

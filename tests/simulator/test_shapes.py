@@ -1,8 +1,8 @@
 """Model shapes against the parameter counts their model cards publish; GPU specifications."""
 import pytest
 
-from engine.simulator.hardware import GPUS
-from engine.simulator.shapes import PROFILED, SHAPES
+from stallfree.engine.simulator.hardware import GPUS
+from stallfree.engine.simulator.shapes import PROFILED, SHAPES
 
 
 @pytest.mark.parametrize("name, billions", [("mistral-7b", 7.24), ("yi-34b", 34.39), ("llama2-70b", 68.98),

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.simulator.hardware import GPUS, GPUSpec
-from engine.simulator.ops import profile_data
+from stallfree.engine.simulator.hardware import GPUS, GPUSpec
+from stallfree.engine.simulator.ops import profile_data
 
 PROFILE = "attention/a100.csv.gz"
 PROFILE_GPU = "a100"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from engine.simulator.ops import profile_data
+from stallfree.engine.simulator.ops import profile_data
 
 INTERCONNECTS = {"a100": ("nvlink", "dgx"), "h100": ("nvlink", "dgx"), "h200": ("nvlink", "dgx"),
                  "a40": ("pcie", "nvlink")}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.simulator.ops import profile_data
+from stallfree.engine.simulator.ops import profile_data
 
 COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median", "process_model_outputs_median")
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from engine.simulator.ops import profile_data
-from engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
-from engine.simulator.shapes import ModelShape
+from stallfree.engine.simulator.ops import profile_data
+from stallfree.engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
+from stallfree.engine.simulator.shapes import ModelShape
 
 # operator -> Vidur's columns measuring it (both norms of a layer measure the same operator)
 PROFILE_COLUMNS = {"norm": ("input_layernorm", "post_attention_layernorm"), "rotary": ("attn_rope",),

@@ -15,9 +15,9 @@ steps along m.
 """
 from __future__ import annotations
 
-from engine.simulator.ops import profile_data
-from engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
-from engine.simulator.shapes import ModelShape
+from stallfree.engine.simulator.ops import profile_data
+from stallfree.engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
+from stallfree.engine.simulator.shapes import ModelShape
 
 # operator name -> Vidur's column
 PROFILE_COLUMNS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "mlp_up_gate": "mlp_up_proj",

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from engine.simulator.hardware import GPUS
-from engine.simulator.ops import profile_data
-from engine.simulator.ops.attention import PROFILE as ATTENTION_PROFILE
-from engine.simulator.ops.attention import AttentionModel, profile_fit
-from engine.simulator.ops.batch import StageBatch
-from engine.simulator.ops.comm import CommModel
-from engine.simulator.ops.cpu_overhead import CpuOverheadModel
-from engine.simulator.ops.cpu_overhead import profile_file as cpu_profile_file
-from engine.simulator.ops.elementwise import elementwise_models, shape_widths
-from engine.simulator.ops.linear import gemm_model, shape_gemms
-from engine.simulator.shapes import ModelShape
+from stallfree.engine.simulator.hardware import GPUS
+from stallfree.engine.simulator.ops import profile_data
+from stallfree.engine.simulator.ops.attention import PROFILE as ATTENTION_PROFILE
+from stallfree.engine.simulator.ops.attention import AttentionModel, profile_fit
+from stallfree.engine.simulator.ops.batch import StageBatch
+from stallfree.engine.simulator.ops.comm import CommModel
+from stallfree.engine.simulator.ops.cpu_overhead import CpuOverheadModel
+from stallfree.engine.simulator.ops.cpu_overhead import profile_file as cpu_profile_file
+from stallfree.engine.simulator.ops.elementwise import elementwise_models, shape_widths
+from stallfree.engine.simulator.ops.linear import gemm_model, shape_gemms
+from stallfree.engine.simulator.shapes import ModelShape
 
 TABLE_TOKENS = 4096  # the profiles' common range; beyond it, token counts are split into pieces of this size
 PROFILED_GPU = {"a100": "a100", "a40": "a40", "h100": "h100", "h200": "h100"}

@@ -1,8 +1,8 @@
 """Attention grounded in Vidur's A100 profile: prefill over the context, decode over KV lengths."""
 import pytest
 
-from engine.simulator.hardware import GPUS
-from engine.simulator.ops.attention import AttentionModel, profile_fit
+from stallfree.engine.simulator.hardware import GPUS
+from stallfree.engine.simulator.ops.attention import AttentionModel, profile_fit
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """TP all-reduce and PP send/recv from Vidur's NCCL profiles; interconnect names."""
 import pytest
 
-from engine.simulator.ops.comm import CommModel, SizeCurve, profile_files
+from stallfree.engine.simulator.ops.comm import CommModel, SizeCurve, profile_files
 
 
 def test_a_size_curve_interpolates_and_extrapolates_along_the_last_bandwidth():

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
+from stallfree.engine.simulator.ops.curves import ShapeInterpolator, TokenCurve
 
 COUNTS = [1, 8, 16, 64, 128, 136, 256, 512]
 

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from engine.request import SamplingParams
-from engine.scheduler.output import ScheduledUnit, SchedulerOutput
-from engine.simulator.ops import OperatorCostModel, StageBatch
-from engine.simulator.ops.model import TABLE_TOKENS
-from engine.simulator.shapes import SHAPES
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.simulator.ops import OperatorCostModel, StageBatch
+from stallfree.engine.simulator.ops.model import TABLE_TOKENS
+from stallfree.engine.simulator.shapes import SHAPES
 
 LINEAR = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_down")
 PREFILL = StageBatch(((512, 1000),), (300, 2000))

@@ -1,0 +1,117 @@
+"""Capacity: the highest QPS meeting a TBT SLO, per policy, chunk size and SLO.
+
+A run *passes* an SLO when `p99_tbt_ms <= slo_tbt_ms` and `median_scheduling_delay_ms <=
+max_scheduling_delay_ms` (2 s by default; a run without a scheduling delay is not held back by it).
+Capacity is the highest passing QPS of a config, 0.0 when no run passes (i.e. below every QPS tried).
+
+Sources, per experiment, the first that exists wins:
+
+1. `results/<exp>/capacity.json`, written by a capacity search: a JSON list of
+   `{"scheduler": str, "chunk_size": int | null, "slo_name": str, "slo_tbt_ms": float,
+   "capacity_qps": float}`.
+2. Probe runs of a capacity search: runs whose summary has a `capacity_search` field (the SLO name);
+   each is checked against its own `slo_tbt_ms`.
+3. A plain sweep: every run is checked against every SLO of `slos`.
+
+Strict / relaxed SLOs default to 5x / 25x the measured decode-only iteration time (`slo_levels`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from stallfree.analysis.load import label_configs
+
+BASELINE = "vllm"
+STRICT_FACTOR = 5.0
+RELAXED_FACTOR = 25.0
+MAX_SCHEDULING_DELAY_MS = 2000.0
+CONFIG_KEYS = ["experiment", "scheduler", "chunk_size", "chunk", "config"]
+SLO_KEYS = ["slo_name", "slo_tbt_ms", "source"]
+COLUMNS = [*CONFIG_KEYS, *SLO_KEYS, "capacity_qps", "capacity_ci_lo", "capacity_ci_hi", "ratio_to_vllm"]
+
+
+def slo_levels(runs: pd.DataFrame, batches: pd.DataFrame | None = None, strict_ms: float | None = None,
+               relaxed_ms: float | None = None) -> dict[str, float]:
+    """TBT SLOs in ms by name, strictest first.
+
+    Explicit `strict_ms` / `relaxed_ms` win; a missing one is 5x / 25x the decode iteration time:
+    the median of the runs' `decode_iter_ms` (what stallfree-bench based its relative SLOs on), else
+    the median decode-only iteration of `batches`. Without any, the runs' configured `slo_tbt_ms` is
+    used, named "configured" ("configured <v> ms" when runs differ). Empty when nothing defines one.
+    """
+    decode_ms = runs["decode_iter_ms"].median() if "decode_iter_ms" in runs else float("nan")
+    if pd.isna(decode_ms) and batches is not None and not batches.empty:
+        decode_ms = batches.loc[batches["kind"] == "decode", "iteration_ms"].median()
+    levels = {"strict": strict_ms if strict_ms is not None else STRICT_FACTOR * decode_ms,
+              "relaxed": relaxed_ms if relaxed_ms is not None else RELAXED_FACTOR * decode_ms}
+    levels = {name: float(v) for name, v in levels.items() if pd.notna(v)}
+    configured = sorted(runs["slo_tbt_ms"].dropna().unique()) if "slo_tbt_ms" in runs else []
+    if not levels and configured:
+        levels = {f"configured {v:g} ms" if len(configured) > 1 else "configured": float(v)
+                  for v in configured}
+    return dict(sorted(levels.items(), key=lambda kv: kv[1]))
+
+
+def load_capacity_json(path: str | Path) -> pd.DataFrame:
+    """Rows of every `capacity.json` at `path` or in its experiment subdirs, labelled like runs."""
+    path = Path(path)
+    rows = [{"experiment": f.parent.name, **row, "source": "capacity.json"}
+            for pattern in ("capacity.json", "*/capacity.json") for f in sorted(path.glob(pattern))
+            for row in json.loads(f.read_text())]
+    if not rows:
+        return pd.DataFrame(columns=COLUMNS[:-1])
+    return label_configs(pd.DataFrame(rows)).reindex(columns=COLUMNS[:-1])
+
+
+def capacity_from_runs(runs: pd.DataFrame, slos: Mapping[str, float],
+                       max_scheduling_delay_ms: float = MAX_SCHEDULING_DELAY_MS) -> pd.DataFrame:
+    """Capacity per config and SLO from runs: search probes (source 2) and sweep runs (source 3)."""
+    if runs.empty:
+        return pd.DataFrame(columns=COLUMNS[:-1])
+    search = runs.get("capacity_search", pd.Series(None, index=runs.index, dtype=object))
+    is_probe = search.notna()
+    probes = runs[is_probe].assign(slo_name=search[is_probe].astype(str), source="capacity search")
+    levels = pd.DataFrame({"slo_name": list(slos), "slo_tbt_ms": list(slos.values()), "source": "sweep"})
+    sweep = runs[~is_probe].drop(columns=["slo_tbt_ms", "slo_name"], errors="ignore")
+    sweep = sweep.merge(levels, how="cross")
+    pairs = pd.concat([probes, sweep], ignore_index=True)
+    if pairs.empty:
+        return pd.DataFrame(columns=COLUMNS[:-1])
+    delay = pairs.get("median_scheduling_delay_ms", pd.Series(float("nan"), pairs.index))
+    passes = (pairs["p99_tbt_ms"] <= pairs["slo_tbt_ms"]) & ~(delay > max_scheduling_delay_ms)
+    return (pairs.assign(capacity_qps=pairs["qps"].where(passes, 0.0))
+            .groupby([*CONFIG_KEYS, *SLO_KEYS], sort=False, dropna=False)["capacity_qps"]
+            .max().reset_index())
+
+
+def capacity_table(results_dir: str | Path, runs: pd.DataFrame, slos: Mapping[str, float],
+                   max_scheduling_delay_ms: float = MAX_SCHEDULING_DELAY_MS) -> pd.DataFrame:
+    """Capacity from the best source of each experiment, with `ratio_to_vllm` (capacity / the
+    `vllm` capacity under the same SLO in the same experiment; NaN without a nonzero baseline)."""
+    searched = load_capacity_json(results_dir)
+    derived = capacity_from_runs(runs[~runs["experiment"].isin(searched["experiment"])], slos,
+                                 max_scheduling_delay_ms)
+    table = pd.concat([frame for frame in (searched, derived) if not frame.empty] or [searched],
+                      ignore_index=True)
+    baseline = (table[table["scheduler"] == BASELINE].groupby(["experiment", "slo_name"])["capacity_qps"]
+                .max().rename("baseline"))
+    table = table.join(baseline, on=["experiment", "slo_name"])
+    return (table.assign(ratio_to_vllm=table["capacity_qps"] / table["baseline"].where(table["baseline"] > 0))
+            .sort_values(["slo_tbt_ms"], kind="stable").reindex(columns=COLUMNS).reset_index(drop=True))
+
+
+def capacity_note(table: pd.DataFrame) -> str:
+    """Markdown line: where the capacities come from, and what is missing."""
+    if table.empty:
+        return ("**No capacity data**: no `capacity.json`, no capacity-search runs, and no sweep runs "
+                "with an SLO to check.")
+    sources = table.groupby("experiment")["source"].unique()
+    notes = [f"Capacity of `{exp}` from {' and '.join(src)}." for exp, src in sources.items()]
+    if not (table["scheduler"] == BASELINE).any():
+        notes.append(f"No `{BASELINE}` capacity: ratios to {BASELINE} are not available.")
+    return " ".join(notes)

@@ -1,0 +1,67 @@
+"""Figures of the Sarathi-Serve study on simulated GPU deployments (analysis.paper), like the paper's capacity
+bars: one row of panels per deployment, one panel per trace and SLO, and the headline ratios beside the
+paper's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from stallfree.analysis.figure_style import finish, message, style
+from stallfree.analysis.paper import DEPLOYMENTS, POLICIES
+from stallfree.analysis.plots import policy_palette
+
+
+def capacity_bars(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """Capacity (QPS) per policy, annotated with the ratio to vllm, for every deployment, trace and SLO."""
+    table = table[table["policy"].isin(POLICIES)].dropna(subset=["capacity_qps"])
+    if table.empty:
+        return message("No capacity searches of simulated deployments: run `make paper`.", save)
+    deployments = [d for d in DEPLOYMENTS if d in set(table["deployment"])]
+    panels = list(dict.fromkeys(zip(table["trace"], table["slo"], strict=True)))
+    palette = policy_palette(list(POLICIES))
+    with style():
+        fig = Figure(figsize=(3.2 * len(panels), 2.6 * len(deployments)), layout="constrained")
+        axes = fig.subplots(len(deployments), len(panels), squeeze=False)
+        for row, deployment in zip(axes, deployments, strict=True):
+            for ax, (trace, slo) in zip(row, panels, strict=True):
+                cell = table[(table["deployment"] == deployment) & (table["trace"] == trace) & (table["slo"] == slo)]
+                cell = cell.set_index("policy").reindex([p for p in POLICIES if p in set(cell["policy"])])
+                drawn = ax.bar(range(len(cell)), cell["capacity_qps"], color=[palette[p] for p in cell.index])
+                ax.bar_label(drawn, fontsize=8, padding=2, labels=[
+                    f"{r.capacity_qps:.2g}" + ("" if p == "vllm" or pd.isna(r.ratio_to_vllm) else f"\n{r.ratio_to_vllm:.1f}×")
+                    for p, r in cell.iterrows()])
+                ax.set_xticks(range(len(cell)), cell.index, fontsize=8)
+                slo_ms = cell["slo_tbt_ms"].dropna()
+                ax.set_title(f"{deployment}\n{trace}, {slo}" + (f" ({slo_ms.iloc[0]:g} ms)" if len(slo_ms) else ""),
+                             fontsize=8)
+                ax.margins(y=0.35)
+                ax.grid(axis="x", visible=False)
+            row[0].set_ylabel("capacity (QPS)")
+        return finish(fig, save)
+
+
+def headline_bars(headline: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """The paper's headline capacity gains beside the project's (analysis.paper.headline)."""
+    if headline["ours"].isna().all():
+        return message("No sarathi / baseline capacity pairs yet: run `make paper`.", save)
+    labels = [f"{r.deployment}\nover {r.over}" for r in headline.itertuples()]
+    x = range(len(labels))
+    with style():
+        fig = Figure(figsize=(1.6 * len(labels) + 2, 4.2), layout="constrained")
+        ax = fig.subplots()
+        paper = ax.bar([i - 0.2 for i in x], headline["paper"], width=0.4, color="0.6", label="paper (GPU)")
+        ours = ax.bar([i + 0.2 for i in x], headline["ours"].fillna(0), width=0.4, color="#029e73",
+                      label="this project (simulated)")
+        ax.bar_label(paper, labels=[f"{v:.1f}×" for v in headline["paper"]], fontsize=8, padding=2)
+        ax.bar_label(ours, labels=["-" if pd.isna(v) else f"{v:.1f}×" for v in headline["ours"]], fontsize=8,
+                     padding=2)
+        ax.axhline(1.0, color="0.3", linewidth=0.8)
+        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set_ylabel("sarathi's capacity gain (up to)")
+        ax.legend(fontsize=8)
+        ax.margins(y=0.15)
+        ax.grid(axis="x", visible=False)
+        return finish(fig, save)

@@ -1,0 +1,62 @@
+"""Engine configuration dataclasses."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class ModelConfig:
+    model: str = "tiny"  # preset name or path to an HF checkpoint directory
+    dtype: str = "auto"  # auto | bfloat16 | float32 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings (capped at 4096)
+    seed: int = 0  # sampling seed for requests without their own
+    attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn | triton
+    runner: str = "model"  # model (real forward pass) | simulated (engine/runner/simulated.py: a cost model)
+    cost_model: str | None = None  # simulated: a CostModel JSON; None: profile this model's real runner once
+    clock: str = "real"  # simulated: real (iterations sleep) | virtual (offline, time is a counter)
+    cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
+    tokenizer: str | None = None  # a tokenizer directory or preset name; None: the model directory's own
+    skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
+    # simulated: a GPU deployment (engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
+    deployment: dict | None = None
+    op_split_every: int = 0  # time linear layers and attention every Nth iteration (0: never; engine/utilization)
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    kv_memory_gib: float = 1.0  # KV cache budget on CPU (and of the simulated runner)
+    # CUDA: the fraction of the GPU's TOTAL memory the engine may use (weights, activations, graphs and the
+    # KV cache, sized from measured memory as vLLM does); None: 0.9
+    gpu_memory_utilization: float | None = None
+    num_blocks: int | None = None  # overrides the memory budget (tests)
+    watermark: float = 0.01  # fraction of blocks kept free when admitting new prefills
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = "sarathi"  # vllm | orca | faster_transformer | sarathi | chunked_prefill
+    chunk_size: int = 512  # token budget per iteration (sarathi, chunked_prefill)
+    max_num_seqs: int = 128  # requests in a batch at most
+    max_num_batched_tokens: int = 4096  # token budget of the vllm policy
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """Build from flat knobs (``model=``, ``scheduler=``, ``chunk_size=``, ...), vLLM style."""
+        sections = {"model": ModelConfig(), "cache": CacheConfig(), "scheduler": SchedulerConfig()}
+        aliases = {"scheduler": "policy"}
+        for key, value in kwargs.items():
+            name = aliases.get(key, key)
+            target = next((s for s in sections.values() if name in {f.name for f in fields(s)}), None)
+            if target is None:
+                raise ValueError(f"unknown engine option {key!r}")
+            setattr(target, name, value)
+        return cls(**sections)

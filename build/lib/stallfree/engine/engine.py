@@ -1,0 +1,250 @@
+"""LLMEngine: requests in, one scheduled iteration per ``step()``, outputs and BatchRecords out."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+
+import torch
+
+from stallfree.engine.config import EngineConfig
+from stallfree.engine.device import resolve_device, resolve_dtype
+from stallfree.engine.kv_cache import KVCacheManager, blocks_for
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.request import Request, RequestStatus, SamplingParams
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.runner.factory import make_runner
+from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.scheduler import make_scheduler
+from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
+from stallfree.engine.utilization import make_meter
+
+DEFAULT_MAX_MODEL_LEN = 4096
+MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
+logger = logging.getLogger("stallfree.engine")
+
+
+class LLMEngine:
+    """Not thread-safe: drive it from one thread (the server runs it on its own engine thread)."""
+
+    def __init__(self, config: EngineConfig):
+        mc, cc = config.model, config.cache
+        self.simulation = None
+        if mc.deployment is not None:  # a simulated GPU deployment: a model shape, no checkpoint
+            from stallfree.engine.simulator.build import build_simulation
+
+            self.simulation = build_simulation(config)
+            batch_limit = min(config.scheduler.max_num_seqs, self.simulation.deployment.max_batch_size)
+            config = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
+                                                                               max_num_seqs=batch_limit))
+            path, arch = None, self.simulation.arch
+        else:
+            path = resolve_model_path(mc.model)
+            arch = ArchConfig.from_dir(path)
+        self.config = config
+        self.model_name = mc.model
+        self.max_model_len = min(mc.max_model_len or DEFAULT_MAX_MODEL_LEN, arch.max_position_embeddings,
+                                 arch.sliding_window or arch.max_position_embeddings)
+        self.device = resolve_device(mc.device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        self.tokenizer, self.no_tokenizer_reason = (
+            load_tokenizer(path, mc.tokenizer, mc.skip_tokenizer_init) if path is not None
+            else (None, "a simulated deployment has no tokenizer: send token ids"))
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
+        self.vocab_size = arch.vocab_size
+        if self.simulation is not None:
+            num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
+            self.runner, self.clock = self.simulation.runner, VirtualClock()
+        else:
+            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/memory.py).
+            sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
+            num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
+            self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
+                                                  num_blocks=num_blocks, dtype=self.dtype, device=self.device,
+                                                  eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+            num_blocks = num_blocks or self.runner.num_blocks
+        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
+        self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
+        self.scheduler.snapshot_block_tables = getattr(self.runner, "reads_block_tables", True)
+        self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
+        self.batch_records: list[BatchRecord] = []
+        self._ids = itertools.count()
+        self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> LLMEngine:
+        return cls(EngineConfig.from_kwargs(**kwargs))
+
+    def _num_blocks_for_budget(self, arch: ArchConfig) -> int:
+        cc = self.config.cache
+        bytes_per_block = (2 * arch.num_layers * cc.block_size * arch.num_kv_heads * arch.head_dim
+                           * torch.empty((), dtype=self.dtype).element_size())
+        return max(1, int(cc.kv_memory_gib * 2**30 // bytes_per_block))
+
+    # -- public API --------------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    def kv_usage(self) -> float:
+        return self.kv.num_used_blocks / self.kv.num_blocks
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Validate and queue a request; raises ValueError naming the problem (nothing is queued then)."""
+        params = params or SamplingParams()
+        params.validate()
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError(f"text prompts need a tokenizer: {self.no_tokenizer_reason}")
+        if isinstance(prompt, str) and (surrogate := first_lone_surrogate(prompt)) is not None:
+            raise ValueError(f"prompt has a lone UTF-16 surrogate at index {surrogate} (not valid Unicode)")
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        vocab = self.vocab_size
+        if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len} "
+                             "(prompt plus at least one generated token must fit)")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"duplicate request_id {request_id!r}")
+        request = Request(request_id, token_ids, params,
+                          self.clock() if arrival_time is None else arrival_time, self.max_model_len)
+        needed = blocks_for(request.max_num_tokens, self.kv.block_size)
+        if needed > self.kv.num_blocks - self.kv.watermark_blocks:
+            budget = "cache.gpu_memory_utilization" if self.device.type == "cuda" else "cache.kv_memory_gib"
+            raise ValueError(f"request needs {needed} KV blocks but the cache has {self.kv.num_blocks}; "
+                             f"raise {budget} or lower max_tokens")
+        self.scheduler.add_request(request)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End an unfinished request; its final output (finish_reason "abort"), or None if it was not live."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED, self.clock())
+        return self._output(request, [])
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, run, update. Returns an output for every request that got a token."""
+        if getattr(self.runner, "pipelined", False):
+            return self._step_pipelined()
+        start = self.clock()
+        scheduler_output = self.scheduler.schedule(start)
+        if not scheduler_output.units:
+            if (arrival := self.scheduler.next_arrival_time()) is not None:
+                self.clock.idle_until(arrival)
+            return []
+        try:
+            sampled = self.runner.execute_model(scheduler_output)
+            failed: list[RequestOutput] = []
+        except Exception as exc:  # end only the requests it failed on; the others keep their tokens
+            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
+            sampled, errors = execute_isolating(self.runner, scheduler_output, exc)
+            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
+        end = self.clock()
+        updated = self.scheduler.update_from_output(scheduler_output, sampled, end)
+        self._record(scheduler_output, start, end)
+        return [self._output(request, request.output_token_ids[-1:]) for request in updated] + failed
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
+        the last stage, then schedule the next one when stage 0 is free, among the requests not in flight.
+        With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
+        runner, outputs = self.runner, []
+        while True:
+            now = self.clock()
+            for done in runner.pop_finished(now):
+                updated = self.scheduler.update_from_output(done.output, done.sampled, done.timing.end_s)
+                outputs += [self._output(request, request.output_token_ids[-1:]) for request in updated]
+            if not runner.full:
+                scheduler_output = self.scheduler.schedule(now)
+                if scheduler_output.units:
+                    timing = runner.submit(scheduler_output, now)
+                    self._record(scheduler_output, now, timing.end_s, timing)
+                    self.clock.advance_to(runner.next_start_s())
+                    return outputs
+            if (end := runner.next_end_s()) is not None:
+                self.clock.advance_to(end)
+                continue
+            if (arrival := self.scheduler.next_arrival_time()) is not None:
+                self.clock.idle_until(arrival)
+                runner.idle_until(arrival)
+            return outputs
+
+    def _record(self, out, start: float, end: float, timing=None) -> None:
+        self.batch_records.append(BatchRecord(
+            iteration=next(self._iterations), start_time=start, end_time=end,
+            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
+            num_prefill_seqs=out.num_prefill_seqs, num_decode_seqs=out.num_decode_seqs,
+            prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
+            num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
+            num_waiting=self.num_waiting, num_running=self.num_running,
+            stage_busy_s=list(timing.stage_busy_s) if timing else [],
+            stage_idle_s=list(timing.stage_idle_s) if timing else [],
+            **self.utilization.fields(out.units, end - start, getattr(self.runner, "last_operator_split", None))))
+
+    def reconfigure_scheduler(self, **knobs) -> None:
+        """Replace the scheduler, while no request is unfinished, with one built from the scheduler config
+        with ``knobs`` changed (``policy``, ``chunk_size``, ``max_num_batched_tokens``, ...): studies that shape
+        iterations switch policies and token budgets on one loaded model (loadgen/studies)."""
+        if self.has_unfinished():
+            raise RuntimeError("reconfigure_scheduler needs an engine with no unfinished request")
+        knobs = {("policy" if key == "scheduler" else key): value for key, value in knobs.items()}
+        self.config = dataclasses.replace(self.config, scheduler=dataclasses.replace(self.config.scheduler, **knobs))
+        finished = self.scheduler.finished_request_ids  # not yet handed to the runner
+        self.scheduler = make_scheduler(self.config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
+        self.scheduler.finished_request_ids = finished
+
+    def pop_batch_records(self) -> list[BatchRecord]:
+        """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""
+        records, self.batch_records = self.batch_records, []
+        return records
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _fail_requests(self, output: SchedulerOutput,
+                       errors: dict[str, Exception]) -> tuple[SchedulerOutput, list[RequestOutput]]:
+        """End the requests a step failed on (status "error", blocks freed); the step without them."""
+        now, failed = self.clock(), []
+        for request_id, exc in errors.items():
+            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+            logger.warning("request %s ended: its step fails on it alone: %s", request_id, error)
+            request = self.scheduler.requests[request_id]
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
+            failed.append(self._output(request, [], error=error))
+        return dataclasses.replace(output, units=[u for u in output.units if u.request_id not in errors]), failed
+
+    def _output(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
+        finished = request.status.finished
+        return RequestOutput(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            token_ids=list(request.output_token_ids), new_token_ids=new_tokens,
+            # Decoding the whole output every step is quadratic: only finished outputs carry text.
+            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+            if finished and self.tokenizer is not None else "",
+            finished=finished, finish_reason=request.status.value if finished else None,
+            metrics=request.metrics, error=error)

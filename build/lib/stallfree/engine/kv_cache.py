@@ -1,0 +1,45 @@
+"""Paged KV-cache block manager: a free list and one block table per request."""
+from __future__ import annotations
+
+from collections import deque
+
+from stallfree.engine.request import Request
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.block_tables: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_blocks)
+
+    def try_allocate(self, request: Request, num_tokens: int, use_watermark: bool = True) -> bool:
+        """Give ``request`` slots for ``num_tokens`` tokens if the free blocks (less the watermark) allow;
+        False, and nothing allocated, if they do not."""
+        table = self.block_tables.get(request.request_id)
+        missing = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
+        if missing <= 0 and table is not None:
+            return True
+        if missing > len(self.free_blocks) - (self.watermark_blocks if use_watermark else 0):
+            return False
+        if table is None:
+            table = self.block_tables[request.request_id] = []
+        popleft = self.free_blocks.popleft
+        table.extend(popleft() for _ in range(missing))
+        return True
+
+    def free(self, request: Request) -> None:
+        self.free_blocks.extend(self.block_tables.pop(request.request_id, ()))

@@ -1,0 +1,98 @@
+"""Load HF safetensors checkpoints into the engine's model (fusing q/k/v and gate/up projections)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.llama import LlamaForCausalLM
+from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
+from stallfree.engine.model.packed_linear import can_pack, pack_linears
+from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
+
+# HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
+FUSED_PARTS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weights found")
+    return files
+
+
+def read_checkpoint(files: list[Path]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except Exception as exc:  # SafetensorError, OSError, ...: none of them names the file
+            raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
+    return tensors
+
+
+def to_engine_names(tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("model.")
+        for hf_part, (engine_part, index) in FUSED_PARTS.items():
+            if f".{hf_part}." in name:
+                fused.setdefault(name.replace(hf_part, engine_part), {})[index] = tensor
+                break
+        else:
+            out[name] = tensor
+    for name, parts in fused.items():
+        widths = {tuple(p.shape[1:]) for p in parts.values()}
+        if len(widths) > 1:
+            raise ValueError(f"{source}: the parts fused into {name} differ in shape: "
+                             f"{[list(parts[i].shape) for i in sorted(parts)]}")
+        out[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+    return out
+
+
+def check_shapes(state: dict[str, torch.Tensor], model: LlamaForCausalLM) -> str | None:
+    """The first weight whose shape differs from what config.json implies, described; None if all match."""
+    for name, expected in model.state_dict().items():
+        if name in state and tuple(state[name].shape) != tuple(expected.shape):
+            return f"{name} has shape {list(state[name].shape)}, config.json implies {list(expected.shape)}"
+    return None
+
+
+def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
+               device: torch.device) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_len)
+    files = weight_files(path)
+    weights = str(files[0]) if len(files) == 1 else f"{path}/*.safetensors"
+    state = to_engine_names(read_checkpoint(files), source=weights)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ValueError(f"{weights}: checkpoint does not match {cfg.architecture}: "
+                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    if (mismatch := check_shapes(state, model)) is not None:
+        raise ValueError(f"{weights}: weights do not match {path / 'config.json'}: {mismatch}")
+    model.load_state_dict(state, assign=True, strict=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
+    model.rotary = type(model.rotary)(cfg, max_len)
+    model = model.to(device=device, dtype=dtype).eval()
+    if can_pack(device, dtype):
+        pack_linears(model)
+    if can_use_native_ops(device, dtype):
+        use_native_ops(model)
+    if can_use_triton_ops(device):
+        use_triton_ops(model)
+    return model

@@ -1,0 +1,171 @@
+"""The simulated runner's cost model: iteration seconds as a linear function of what the iteration computes,
+fitted on the real runner's BatchRecords, saved and loaded as JSON with what it was fitted on.
+
+Features (``IterationFeatures``): a fixed per-iteration cost, prefill tokens, decode sequences, and the
+attention work: for each prefill chunk its tokens x the context they attend to, and for the decodes the
+sum of their context lengths. The fit is least squares on seconds (weighting iterations by 1 / their
+time fitted this machine's profile worse: its decode iterations are nearly flat in batch size and noisy),
+keeps no negative per-unit cost, and records its relative error on held-out iterations. ``residual_quantiles`` (actual / predicted over the profile)
+let the simulator replay the real iterations' spread, whose tail decides TBT percentiles and SLOs. They
+are kept per bucket of predicted time, so that a long prefill iteration draws from the spread of long
+iterations, not from that of short decode steps, which OS noise moves by a larger fraction.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+import random
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from stallfree.engine.outputs import BatchRecord
+
+log = logging.getLogger(__name__)
+
+# Bump when the features, the fit or the profile change: cached profiles are then refitted. 5: the profile
+# samples greedily, as the load generator does.
+COST_MODEL_VERSION = 5
+# Bump when the real runner's speed changes (kernels, linears): profiles of an older engine are refitted
+# when cached, and named in a warning when loaded from a file. 2: fp32 CPU linears on oneDNN.
+# 3: fused native layer ops on the CPU. 4: packed bf16 CPU linears; paired-bf16 and wide decode attention.
+ENGINE_REVISION = 4
+NUM_RESIDUAL_QUANTILES = 41
+NUM_RESIDUAL_BUCKETS = 3  # of predicted time, equal in profiled iterations
+MIN_BUCKET_RECORDS = 30
+HOLDOUT_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class IterationFeatures:
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    prefill_attention_work: int  # sum over prefill chunks of chunk tokens x (cached context + chunk tokens)
+    decode_context_tokens: int  # sum over decodes of their context length (including the new token)
+
+    @classmethod
+    def of(cls, record) -> IterationFeatures:
+        """From anything with these four attributes: a BatchRecord or a SchedulerOutput."""
+        return cls(**{f.name: getattr(record, f.name) for f in fields(cls)})
+
+    def row(self) -> list[float]:
+        return [1.0, *(float(getattr(self, f.name)) for f in fields(self))]
+
+
+FEATURES = ("intercept", *(f.name for f in fields(IterationFeatures)))
+
+
+@dataclass
+class CostModel:
+    coefficients: dict[str, float]  # seconds per unit of each feature (intercept: seconds per iteration)
+    # actual / predicted iteration time over the profile, at evenly spaced quantiles (1.0 each: no spread),
+    # one list per bucket of predicted time (a flat list: one bucket)
+    residual_quantiles: list[list[float]] = field(default_factory=lambda: [[1.0]])
+    residual_bounds_s: list[float] = field(default_factory=list)  # the predicted time where each next bucket starts
+    fitted_on: dict = field(default_factory=dict)  # model, device, dtype, backend, threads, records, date, ...
+    holdout_error: dict = field(default_factory=dict)  # relative error on iterations left out of the fit
+
+    def __post_init__(self):
+        if self.residual_quantiles and not isinstance(self.residual_quantiles[0], list):
+            self.residual_quantiles = [self.residual_quantiles]
+
+    def predict(self, features: IterationFeatures) -> float:
+        """The expected time of one iteration, in seconds."""
+        return max(0.0, sum(c * x for c, x in zip(self._coefficient_row(), features.row(), strict=True)))
+
+    def sample(self, features: IterationFeatures, rng: random.Random) -> float:
+        """One iteration's time: the expected time scaled by a residual drawn from the profiled iterations
+        of about the same expected time."""
+        predicted = self.predict(features)
+        return predicted * rng.choice(self.residual_quantiles[bisect.bisect_right(self.residual_bounds_s, predicted)])
+
+    def _coefficient_row(self) -> list[float]:
+        return [self.coefficients.get(name, 0.0) for name in FEATURES]
+
+    @classmethod
+    def fit(cls, records: list[BatchRecord], *, seed: int = 0, fitted_on: dict | None = None) -> CostModel:
+        """Fit on ``records``; the held-out error comes from a fit on the other records (a seeded split)."""
+        if len(records) < 2 * len(FEATURES):
+            raise ValueError(f"fitting a cost model needs at least {2 * len(FEATURES)} BatchRecords, "
+                             f"got {len(records)}")
+        shuffled = random.Random(seed).sample(records, len(records))
+        num_holdout = max(1, int(len(records) * HOLDOUT_FRACTION))
+        holdout, train = shuffled[:num_holdout], shuffled[num_holdout:]
+        held_out_errors = _relative_errors(_least_squares(train), holdout)
+        coefficients = _least_squares(records)
+        predicted = [(p, _seconds(r) / p) for r in records if (p := _predict(coefficients, r)) > 0]
+        bounds, quantiles = _residual_buckets(sorted(predicted))
+        return cls(coefficients=coefficients, residual_quantiles=quantiles, residual_bounds_s=bounds,
+                   fitted_on={**(fitted_on or {}), "num_records": len(records), "version": COST_MODEL_VERSION},
+                   holdout_error={"num_iterations": len(holdout),
+                                  "median_abs_pct": round(float(held_out_errors.abs().median()) * 100, 2),
+                                  "p90_abs_pct": round(float(held_out_errors.abs().quantile(0.9)) * 100, 2),
+                                  "mean_pct": round(float(held_out_errors.mean()) * 100, 2)})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        try:
+            model = cls(**json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"model.cost_model: cannot read a cost model from {path}: {exc}") from exc
+        unknown = set(model.coefficients) - set(FEATURES)
+        if unknown or not model.residual_quantiles:
+            raise ValueError(f"model.cost_model: {path} is not a version-{COST_MODEL_VERSION} cost model "
+                             f"(unknown features {sorted(unknown)}); profile it again with stallfree-profile")
+        profiled_on = model.fitted_on.get("engine_revision", 1) if "num_records" in model.fitted_on else None
+        if profiled_on not in (None, ENGINE_REVISION):
+            log.warning("model.cost_model: %s was profiled on engine revision %s, this engine is revision %s; "
+                        "its iteration times may be off: profile it again with stallfree-profile",
+                        path, profiled_on, ENGINE_REVISION)
+        return model
+
+
+def _seconds(record: BatchRecord) -> float:
+    return record.end_time - record.start_time
+
+
+def _predict(coefficients: dict[str, float], record: BatchRecord) -> float:
+    row = IterationFeatures.of(record).row()
+    return sum(coefficients[name] * x for name, x in zip(FEATURES, row, strict=True))
+
+
+def _residual_buckets(predicted: list[tuple[float, float]]) -> tuple[list[float], list[list[float]]]:
+    """(predicted seconds, actual / predicted) pairs, sorted, into NUM_RESIDUAL_BUCKETS runs of equal
+    size (none under MIN_BUCKET_RECORDS): the predicted time where each bucket after the first starts,
+    and each bucket's ratios at evenly spaced quantiles."""
+    size = max(MIN_BUCKET_RECORDS, math.ceil(len(predicted) / NUM_RESIDUAL_BUCKETS))
+    buckets = [predicted[i:i + size] for i in range(0, len(predicted), size)]
+    if len(buckets) > 1 and len(buckets[-1]) < MIN_BUCKET_RECORDS:
+        last = buckets.pop()
+        buckets[-1] += last
+    levels = torch.linspace(0, 1, NUM_RESIDUAL_QUANTILES, dtype=torch.float64)
+    quantiles = [[round(float(q), 4) for q in torch.quantile(torch.tensor([r for _, r in bucket],
+                                                                          dtype=torch.float64), levels)]
+                 for bucket in buckets]
+    return [bucket[0][0] for bucket in buckets[1:]], quantiles
+
+
+def _relative_errors(coefficients: dict[str, float], records: list[BatchRecord]) -> torch.Tensor:
+    return torch.tensor([_predict(coefficients, r) / _seconds(r) - 1 for r in records], dtype=torch.float64)
+
+
+def _least_squares(records: list[BatchRecord]) -> dict[str, float]:
+    """Least squares with no negative per-unit cost: a feature whose coefficient comes out negative (noise,
+    on a model whose iterations are mostly overhead) is dropped and the rest refitted."""
+    x = torch.tensor([IterationFeatures.of(r).row() for r in records], dtype=torch.float64)
+    y = torch.tensor([[_seconds(r)] for r in records], dtype=torch.float64)
+    active = list(range(len(FEATURES)))
+    while True:
+        coef = torch.linalg.lstsq(x[:, active], y, driver="gelsd").solution.flatten()
+        worst = int(coef[1:].argmin()) + 1 if len(active) > 1 else 0
+        if worst == 0 or coef[worst] >= 0:
+            break
+        del active[worst]
+    return dict.fromkeys(FEATURES, 0.0) | {FEATURES[i]: float(c) for i, c in zip(active, coef, strict=True)}

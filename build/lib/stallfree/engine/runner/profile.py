@@ -1,0 +1,88 @@
+"""Profile an engine's real runner and fit a ``CostModel`` on its BatchRecords.
+
+The profile covers the iteration shapes the studies produce: prefill-only and decode-only iterations
+(``vllm``), and hybrid ones with small and large chunks (``sarathi`` at 128 and 512 tokens), over prompts
+of varied lengths and a range of decode batch sizes.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+
+from stallfree.engine.config import EngineConfig
+from stallfree.engine.device import cpu_description
+from stallfree.engine.model.presets import cache_root
+from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
+
+PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
+WARMUP_ITERATIONS = 2  # the first iterations of an engine carry one-off costs (allocation, kernel builds)
+
+
+class ProfiledEngine(Protocol):
+    """What profiling needs of an engine (LLMEngine; passed in, since the engine is built on runners)."""
+
+    max_model_len: int
+    vocab_size: int
+    device: torch.device
+    dtype: torch.dtype
+    batch_records: list[BatchRecord]
+
+    def add_request(self, prompt: list[int], params: SamplingParams) -> str: ...
+
+    def step(self) -> list: ...
+
+    def has_unfinished(self) -> bool: ...
+
+
+def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig], ProfiledEngine], *,
+                       num_requests: int = 12, seed: int = 0, use_cache: bool = True,
+                       progress: Callable[[int], None] | None = None) -> CostModel:
+    """Fit a cost model on the real runner of ``config``'s model, on engines from ``make_engine``. With
+    ``use_cache`` it is kept as JSON in the preset cache folder, keyed by everything that changes
+    iteration times. ``progress`` gets the number of requests finished since its last call."""
+    mc, cc = config.model, config.cache
+    key = [COST_MODEL_VERSION, ENGINE_REVISION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
+           torch.get_num_threads(), num_requests, seed]
+    path = cache_root() / "cost_models" / (hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16] + ".json")
+    if use_cache and path.is_file():
+        return CostModel.load(path)
+    rng = random.Random(seed)
+    records: list[BatchRecord] = []
+    for policy, chunk_size in PROFILE_POLICIES:
+        scheduler = replace(config.scheduler, policy=policy, chunk_size=chunk_size or config.scheduler.chunk_size)
+        engine = make_engine(replace(config, model=replace(mc, runner="model"), scheduler=scheduler))
+        limit = min(1024, engine.max_model_len // 2)
+        for _ in range(num_requests):
+            prompt = [rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))]
+            # Greedy, as the load generator's requests are: random sampling costs ~0.6 ms a sequence on
+            # a CPU (softmax and noise over the vocabulary), which inflated the fitted decode cost 2x.
+            engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0,
+                                                      ignore_eos=True))
+        while engine.has_unfinished():
+            finished = sum(out.finished for out in engine.step())
+            if progress is not None and finished:
+                progress(finished)
+        records += engine.batch_records[WARMUP_ITERATIONS:]
+    model = CostModel.fit(records, seed=seed, fitted_on=_describe(config, engine))
+    if use_cache:
+        model.save(path)
+    return model
+
+
+def _describe(config: EngineConfig, engine: ProfiledEngine) -> dict:
+    device = engine.device
+    hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
+                else f"{cpu_description()}, {torch.get_num_threads()} threads")
+    return {"model": config.model.model, "device": str(device), "hardware": hardware, "dtype": str(engine.dtype),
+            "attention_backend": config.model.attention_backend, "block_size": config.cache.block_size,
+            "torch": torch.__version__, "engine_revision": ENGINE_REVISION, "date": datetime.date.today().isoformat(),
+            "policies": [f"{p}-{c}" if c else p for p, c in PROFILE_POLICIES]}

@@ -1,0 +1,114 @@
+"""``stallfree-serve``: an OpenAI-compatible HTTP server over one LLMEngine (FastAPI + uvicorn).
+
+Command line (Hydra overrides of conf/serve.yaml, which reuses the ``model/`` and ``scheduler/`` groups):
+    stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000 [--api-key KEY]
+
+In process (tests, the bench harness): ``stallfree.engine.server.start_server`` (engine/server/launcher.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from stallfree.engine.hydra_groups import (
+    CONF_DIR,
+    compose,
+    engine_kwargs_from_groups,
+    one_line,
+    override,
+    require,
+    server_kwargs,
+)
+from stallfree.engine.server.app import ServerConfig, build_app
+from stallfree.engine.server.launcher import uvicorn_server
+
+CONFIG_NAME = "serve"
+
+
+def _options(group: str) -> str:
+    return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+
+USAGE = f"""usage: stallfree-serve [MODEL_OR_PATH] [KEY=VALUE ...] [--api-key KEY] [--host HOST] [--port PORT]
+
+MODEL_OR_PATH (as `vllm serve`): a model preset, or an HF checkpoint directory (model=path model.path=DIR).
+Hydra overrides of conf/serve.yaml, e.g.
+  stallfree-serve small scheduler=sarathi chunk_size=512 port=8000
+  stallfree-serve /ckpt/llama scheduler=vllm --api-key secret
+Groups: model ({_options("model")}), scheduler ({_options("scheduler")}).
+Server keys: host, port (0: a free port), api_key, metrics_require_api_key, max_waiting, max_body_bytes,
+served_model_name, timeout_graceful_shutdown, log_level, body_read_timeout_s, header_read_timeout_s,
+timeout_keep_alive_s, batch_history_max_records, batch_history_max_age_s. Prints a "ready" line once it
+listens; SIGTERM stops it."""
+FLAGS = {"--api-key": "api_key", "--host": "host", "--port": "port"}
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def _overrides(args: list[str]) -> list[str]:
+    """Hydra overrides, with ``--api-key KEY`` / ``--port=N`` style flags turned into ``key=value``."""
+    out, rest = [], iter(args)
+    if args and "=" not in args[0] and not args[0].startswith("-"):  # MODEL_OR_PATH
+        first = next(rest)
+        out += [f"model={first}"] if (CONF_DIR / "model" / f"{first}.yaml").is_file() else [
+            "model=path", override("model.path", first)]
+    for arg in rest:
+        flag, eq, value = arg.partition("=")
+        if flag in FLAGS:
+            value = value if eq else next(rest, None)
+            if value is None:
+                raise ValueError(f"{flag} needs a value")
+            out.append(override(FLAGS[flag], value))
+        elif arg.startswith("-"):
+            raise ValueError(f"unknown option {arg!r} (see --help)")
+        else:
+            out.append(arg)
+    return out
+
+
+def _configs(args: list[str]) -> tuple[dict, ServerConfig]:
+    """Compose conf/serve.yaml with the overrides: (engine kwargs, server config)."""
+    cfg = compose(CONFIG_NAME, _overrides(args), job_name="stallfree-serve")
+    engine_kwargs = engine_kwargs_from_groups(cfg["model"], cfg["scheduler"], cfg["chunk_size"])
+    require(engine_kwargs["clock"] == "real", "model.clock", "'real' (a server's virtual time means nothing to a "
+            "client)", engine_kwargs["clock"])
+    server_cfg = ServerConfig(**server_kwargs(cfg))
+    server_cfg.validate()
+    return engine_kwargs, server_cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if {"-h", "--help"} & set(args):
+        print(USAGE)
+        return 0
+    try:
+        engine_kwargs, cfg = _configs(args)
+        app = build_app(engine_kwargs, cfg)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads
+        print("stallfree-serve: interrupted while loading the model", file=sys.stderr, flush=True)
+        # The engine thread may still be inside native code (a kernel build, torch's loading): ending the
+        # interpreter around it aborts the process ("terminate called ..."), so leave at once.
+        os._exit(130)
+    except Exception as exc:  # any bad value: one line, no traceback
+        print(f"stallfree-serve: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    server = uvicorn_server(app, cfg, on_ready=lambda s: print(
+        f"stallfree-serve ready: http://{cfg.host}:{s.port} model={engine_kwargs['model']} "
+        f"scheduler={engine_kwargs['scheduler']} chunk_size={engine_kwargs['chunk_size']}", flush=True))
+    # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown) and re-raises the signal afterwards:
+    # these no-op handlers make that re-raise end in a clean exit 0 instead of a kill or a traceback.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:  # main() called in a process that goes on (tests) gets its handlers back
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("stallfree-serve: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

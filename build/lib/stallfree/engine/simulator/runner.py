@@ -1,0 +1,82 @@
+"""DeploymentRunner: a deployment's iterations as micro-batches through its pipeline stages, timed by the
+operator cost model, on the engine's virtual clock.
+
+The engine submits each scheduled iteration (a micro-batch) and gets its timing at once: stage i runs
+``stage_layers[i]`` layers (the first also the embedding and the iteration's CPU overhead, the last the
+final norm, LM head and sampling), and activations cross each stage boundary in ``pp_send_seconds``. Its
+requests stay in flight, and their tokens are handed back, when it leaves the last stage. At most PP
+micro-batches are in flight, as with vLLM's PP virtual engines and sarathi-serve's pipeline.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.simulator.deployment import Deployment, Resolved
+from stallfree.engine.simulator.pipeline import MicroBatchTiming, Pipeline
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    output: SchedulerOutput
+    sampled: dict[str, int]
+    timing: MicroBatchTiming
+
+
+class DeploymentRunner:
+    pipelined = True  # the engine submits micro-batches and collects them as they leave the last stage
+    reads_block_tables = False  # the scheduler need not copy them into its snapshots
+
+    def __init__(self, deployment: Deployment, resolved: Resolved, seed: int):
+        self.deployment, self.cost_model, self.stage_batch_of = deployment, resolved.cost_model, resolved.stage_batch_of
+        self.stage_layers = deployment.stage_layers(resolved.shape.num_layers)
+        self.vocab_size = resolved.shape.vocab_size
+        self.pipeline = Pipeline(deployment.pp)
+        self.in_flight: deque[MicroBatch] = deque()
+        self.rng = random.Random(seed)
+
+    def stage_seconds(self, output: SchedulerOutput) -> tuple[list[float], float]:
+        """Each stage's busy time for this micro-batch, and the send time between stages."""
+        batch, model, last = self.stage_batch_of(output), self.cost_model, len(self.stage_layers) - 1
+        by_kind: dict[tuple[int, bool, bool], float] = {}  # middle stages of equal depth cost the same
+        seconds = []
+        for stage, layers in enumerate(self.stage_layers):
+            kind = (layers, stage == 0, stage == last)
+            if kind not in by_kind:
+                by_kind[kind] = model.stage_seconds(batch, layers, first=kind[1], last=kind[2])
+            seconds.append(by_kind[kind])
+        seconds[0] += model.cpu_overhead_seconds(batch)
+        send = model.pp_send_seconds(batch.num_tokens) if last else 0.0
+        return seconds, send
+
+    def submit(self, output: SchedulerOutput, now: float) -> MicroBatchTiming:
+        stage_s, send_s = self.stage_seconds(output)
+        timing = self.pipeline.submit(now, stage_s, send_s)
+        # One random token for the whole micro-batch: ids never matter to a simulation (a shape has no EOS).
+        sampled = dict.fromkeys((u.request_id for u in output.units if u.samples), self.rng.randrange(self.vocab_size))
+        self.in_flight.append(MicroBatch(output, sampled, timing))
+        return timing
+
+    @property
+    def full(self) -> bool:
+        return len(self.in_flight) >= self.deployment.pp
+
+    def next_start_s(self) -> float:
+        """When stage 0 can take the next micro-batch."""
+        return self.pipeline.stage_free_s[0]
+
+    def next_end_s(self) -> float | None:
+        """When the oldest micro-batch in flight leaves the last stage (None: nothing in flight)."""
+        return self.in_flight[0].timing.end_s if self.in_flight else None
+
+    def pop_finished(self, now: float) -> list[MicroBatch]:
+        """The micro-batches that left the last stage by ``now``, oldest first."""
+        done = []
+        while self.in_flight and self.in_flight[0].timing.end_s <= now:
+            done.append(self.in_flight.popleft())
+        return done
+
+    def idle_until(self, t: float) -> None:
+        self.pipeline.idle_until(t)

@@ -1,0 +1,39 @@
+"""Utilisation of the hardware per iteration: model FLOPs and bytes from the shapes (work.py), this machine's
+limits (limits.py), and the sampled operator split (op_split.py). ``UtilizationMeter`` turns an iteration into
+the MFU / MBU / split fields of its BatchRecord."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stallfree.engine.utilization.limits import MachineLimits, machine_limits
+from stallfree.engine.utilization.op_split import OperatorSplit, SplitSampler
+from stallfree.engine.utilization.work import IterationWork, ModelCounts
+
+__all__ = ["IterationWork", "MachineLimits", "ModelCounts", "OperatorSplit", "SplitSampler", "UtilizationMeter", "make_meter",
+           "machine_limits"]
+
+
+class UtilizationMeter:
+    """``limits`` None (unknown): the records carry FLOPs and bytes, not MFU and MBU."""
+
+    def __init__(self, counts: ModelCounts, limits: MachineLimits | None):
+        self.counts, self.limits = counts, limits
+
+    def fields(self, units: Sequence, seconds: float, split: OperatorSplit | None) -> dict:
+        """The utilisation fields of a BatchRecord for an iteration of ``units`` that took ``seconds``."""
+        work = self.counts.work(units)
+        out = {"model_flops": work.flops, "bytes_moved": work.bytes_moved}
+        if self.limits is not None and seconds > 0:
+            out["mfu"] = work.flops / (seconds * self.limits.peak_flops)
+            out["mbu"] = work.bytes_moved / (seconds * self.limits.bandwidth)
+        if split is not None:
+            out |= {"linear_s": split.linear_s, "attention_s": split.attention_s,
+                    "other_s": seconds - split.linear_s - split.attention_s}
+        return out
+
+
+def make_meter(runner_kind: str, runner, arch, device, dtype) -> UtilizationMeter:
+    """The real runner is measured against this machine's limits (cached per machine); another runner (a
+    simulated deployment) may name its hardware's published ones as ``runner.machine_limits``."""
+    limits = machine_limits(device, dtype) if runner_kind == "model" else getattr(runner, "machine_limits", None)
+    return UtilizationMeter(ModelCounts.of(arch, dtype.itemsize), limits)

@@ -1,0 +1,41 @@
+"""How a command of the harness ends on an error: one line on stderr that says what to do, and a
+documented exit code (docs/bench.md); the traceback only with ``STALLFREE_DEBUG=1``.
+
+Exit codes: 2 a config error (the key is named); 3 the target failed (unreachable, does not serve the
+model, died or failed every request); 1 any other error; 130 interrupted (Ctrl-C).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from stallfree.engine.hydra_groups import ConfigError, one_line
+
+EXIT_CONFIG, EXIT_TARGET, EXIT_OTHER, EXIT_INTERRUPTED = 2, 3, 1, 130
+
+
+class TargetError(RuntimeError):
+    """The run's target cannot serve it; the message says what to do."""
+
+
+def debugging() -> bool:
+    return os.environ.get("STALLFREE_DEBUG", "") not in ("", "0")
+
+
+def exit_on_error(prog: str, fn: Callable[[], object], interrupted: str = "interrupted") -> None:
+    """Run ``fn``; an error or Ctrl-C ends the process with one line and its exit code."""
+    try:
+        fn()
+    except ConfigError as e:
+        print(f"{prog}: config error: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    except KeyboardInterrupt:
+        print(f"{prog}: {interrupted}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as e:
+        if debugging():
+            raise
+        code, what = (EXIT_TARGET, "target error") if isinstance(e, TargetError) else (EXIT_OTHER, "error")
+        print(f"{prog}: {what}: {one_line(e)} (STALLFREE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        sys.exit(code)

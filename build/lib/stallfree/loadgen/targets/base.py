@@ -1,0 +1,39 @@
+"""The Target protocol: what a run replays its workload on (an engine in this process, a server)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from omegaconf import DictConfig
+
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.workload import RequestSpec
+
+Progress = Callable[[RequestRecord], None]
+
+
+@dataclass
+class Replay:
+    records: list[RequestRecord]  # one per spec, in spec order
+    batches: list[dict] | None  # the engine's iterations during the replay, when the target can see them
+
+
+class Target(Protocol):
+    """Made by ``TargetClass(cfg, log_dir)`` (log_dir: where a target keeps its logs and scratch files)."""
+
+    vocab_size: int  # prompt token ids are drawn below it
+    engine_pid: int | None  # the engine's process on this machine (its CPU share is measured), else None
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        """Send the specs on their schedule; the first ``warmup`` records are marked is_warmup."""
+
+    def finalize(self, run_dir: Path) -> None:
+        """Called once the last replay is recorded in run_dir: keep the target's own outputs there."""
+
+    def close(self) -> None:
+        """Release what the target holds (an engine, a server process)."""
+
+
+TargetClass = Callable[[DictConfig, Path], Target]

@@ -1,0 +1,132 @@
+"""``target=inprocess``: the workload replayed straight into an ``LLMEngine`` in this process (no HTTP),
+open loop on the engine clock.
+
+Every request is added up front with ``arrival_time = t0 + send_offset_s``; the policies only admit
+requests that have arrived, so arrivals are gated on the engine clock. The loop steps the engine and,
+when nothing was runnable and the next arrival is still ahead, sleeps until it. There is no network,
+so a record's "client" times are the engine's own (send = arrival, token times = when each step ended).
+Only the engine's public API is used: step() outputs, abort(), batch_records and clock().
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig
+
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.bench_config import engine_kwargs, model_vocab_size
+from stallfree.loadgen.records import RequestRecord, as_row
+from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.workload import RequestSpec
+
+if TYPE_CHECKING:
+    from stallfree.engine import RequestMetrics
+
+START_DELAY_S = 0.01  # t0 a little ahead of now, so the first request is not late on arrival
+TIMEOUT_ERROR = "unfinished within timeout_s of its arrival"
+
+
+def _end(record: RequestRecord, status: str, error: str | None, finish_time: float,
+         metrics: RequestMetrics | None) -> None:
+    """Close the record with the engine's RequestMetrics as last reported (None: it never reported one)."""
+    if metrics is not None:
+        record.token_times = list(metrics.token_times)
+        record.server_first_scheduled_time = metrics.first_scheduled_time
+        record.num_preemptions = metrics.num_preemptions
+    record.server_token_times = record.token_times
+    record.server_finish_time = finish_time
+    record.end(status, error, finish_time)
+
+
+def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: float | None = None,
+           progress: Progress | None = None) -> Replay:
+    """Run ``specs`` through ``engine`` (greedy, ``ignore_eos``): records in spec order, and the
+    engine's iterations of this replay (``LLMEngine.batch_records``, as dicts).
+
+    * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
+    * ``timeout_s``: a request still unfinished this long after its arrival is aborted with status
+      ``timeout``; a request the engine rejects, or ends because a step failed on it, becomes an
+      ``error`` record (the others run on).
+    * ``progress(record)`` is called as each request ends.
+    """
+    from stallfree.engine import SamplingParams
+
+    first_batch = len(engine.batch_records)
+    t0 = engine.clock() + START_DELAY_S
+    records = [RequestRecord.unsent(spec, intended_send_time=t0 + spec.send_offset_s, is_warmup=i < warmup)
+               for i, spec in enumerate(specs)]
+    in_flight: dict[str, RequestRecord] = {}
+
+    def done(request_id: str, status: str, error: str | None, finish_time: float,
+             metrics: RequestMetrics | None) -> None:
+        record = in_flight.pop(request_id)
+        _end(record, status, error, finish_time, metrics)
+        if progress is not None:
+            progress(record)
+
+    for spec, record in zip(specs, records, strict=True):
+        record.mark_sent(record.intended_send_time)
+        record.server_arrival_time = record.intended_send_time
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
+        try:
+            engine.add_request(spec.prompt_token_ids, params, request_id=spec.request_id,
+                               arrival_time=record.intended_send_time)
+        except ValueError as e:
+            record.end("error", f"rejected by the engine: {e}", record.send_time)
+            if progress is not None:
+                progress(record)
+            continue
+        in_flight[spec.request_id] = record
+    by_arrival = deque(sorted((record.intended_send_time, rid) for rid, record in in_flight.items()))
+    arrivals = [arrival for arrival, _ in by_arrival]
+
+    while in_flight:
+        before, iterations = engine.clock(), len(engine.batch_records)
+        for out in engine.step():
+            if out.finished:  # "error": the engine ended this request alone (its step failed on it)
+                status, error = ("error", f"failed in the engine: {out.error}") if out.error else ("ok", None)
+                done(out.request_id, status, error, out.metrics.finish_time, out.metrics)
+        if timeout_s is not None:
+            deadline = engine.clock() - timeout_s
+            while by_arrival and by_arrival[0][0] < deadline:
+                if (request_id := by_arrival.popleft()[1]) in in_flight:
+                    aborted = engine.abort(request_id)
+                    done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
+        if len(engine.batch_records) == iterations and in_flight:
+            upcoming = bisect.bisect_right(arrivals, before)
+            if upcoming == len(arrivals):
+                raise RuntimeError(f"engine stalled: {len(in_flight)} arrived requests, none runnable")
+            time.sleep(max(0.0, arrivals[upcoming] - engine.clock()))
+    return Replay(records, [as_row(b) for b in engine.batch_records[first_batch:]])
+
+
+class InProcessTarget:
+    """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        from stallfree.engine import LLMEngine
+
+        try:
+            self.engine = LLMEngine.from_kwargs(**engine_kwargs(cfg))
+        except ValueError as e:
+            raise ConfigError(f"engine: {e}") from None
+        self.vocab_size = model_vocab_size(cfg)
+        # On a virtual clock the run's times do not depend on the CPU it gets: nothing to measure.
+        virtual = cfg.model.runner == "simulated" and cfg.model.clock == "virtual"
+        self.engine_pid = None if virtual else os.getpid()
+        self.timeout_s = cfg.target.timeout_s
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        return replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s, progress=progress)
+
+    def finalize(self, run_dir: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        del self.engine

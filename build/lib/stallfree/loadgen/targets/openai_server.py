@@ -1,0 +1,76 @@
+"""Targets that replay open loop over HTTP (loadgen.openloop) on an OpenAI-compatible server:
+``target=url``, a server already running, and ``target=http``, a ``stallfree-serve`` started for the
+run, whose engine iterations are recorded too (batches.parquet)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from stallfree.loadgen.bench_config import model_vocab_size
+from stallfree.loadgen.openloop import run_open_loop_sync
+from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.batch_poller import BatchPoller
+from stallfree.loadgen.targets.serve_process import ServeProcess
+from stallfree.loadgen.targets.server_check import check_server
+from stallfree.loadgen.workload import RequestSpec
+
+
+class _OpenLoopHttpTarget:
+    """Sends to ``self.url`` (set by the subclass) with ``served_model`` as each request's "model"."""
+
+    url: str
+    engine_pid: int | None = None  # a server elsewhere: its CPU is not measured
+
+    def __init__(self, cfg: DictConfig, served_model: str):
+        self.served_model = served_model
+        self.vocab_size = model_vocab_size(cfg)
+        self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
+        self.endpoint = cfg.target.endpoint
+
+    def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
+        return run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
+                                  timeout_s=self.timeout_s, warmup=warmup, progress=progress,
+                                  endpoint=self.endpoint)
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        return Replay(self.send(specs, warmup=warmup, progress=progress), None)
+
+    def finalize(self, run_dir: Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class UrlTarget(_OpenLoopHttpTarget):
+    """target=url: the running server at ``target.url``."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        self.url = cfg.target.url.rstrip("/")
+        super().__init__(cfg, check_server(self.url, cfg.target.served_model))
+
+
+class HttpTarget(_OpenLoopHttpTarget):
+    """target=http: a stallfree-serve of the run's server-side config, stopped by ``close``."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path):
+        super().__init__(cfg, cfg.model.name)
+        self._resources = contextlib.ExitStack()
+        self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
+        self.url, self.engine_pid = self.server.url, self.server.process.pid
+
+    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        poller = BatchPoller(self.url, since=time.time())
+        try:
+            records = self.send(specs, warmup=warmup, progress=progress)
+        finally:
+            batches = poller.stop()
+        return Replay(records, batches)
+
+    def close(self) -> None:
+        self._resources.close()

@@ -1,0 +1,1 @@
+"""The Hydra configuration groups (package data: the YAML files beside this one)."""
