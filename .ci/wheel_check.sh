@@ -12,7 +12,11 @@ trap 'kill "${SERVE_PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 "$PY" -m venv "$WORK/build-env"
 "$WORK/build-env/bin/pip" install -q setuptools wheel
-"$WORK/build-env/bin/pip" wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$ROOT"
+# Built from a copy of the tracked (and untracked, not ignored) files: the build leaves nothing in the checkout.
+mkdir "$WORK/src"
+git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && xargs -0 tar -cf - --no-recursion) \
+  | tar -C "$WORK/src" -xf -
+"$WORK/build-env/bin/pip" wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src"
 "$PY" -m venv "$WORK/venv"
 # shellcheck disable=SC2086  # TORCH_SPEC may carry pip options (an index URL)
 "$WORK/venv/bin/pip" install -q $TORCH_SPEC "$WORK"/dist/stallfree-*.whl

@@ -1,5 +1,5 @@
-"""Client fidelity: the open-loop dispatcher (loadgen.openloop) at 200 QPS with the project's HTTP client
-(loadgen.client, HTTP/1.1 on asyncio streams) and with an aiohttp client built as vLLM's ``bench serve``
+"""Client fidelity: the open-loop dispatcher (loadgen.openai_client.openloop) at 200 QPS with the project's HTTP client
+(loadgen.openai_client.client, HTTP/1.1 on asyncio streams) and with an aiohttp client built as vLLM's ``bench serve``
 builds its own (one ClientSession, a TCPConnector without a connection limit, the SSE stream read as it
 arrives), against the fake SSE server of the tests.
 
@@ -31,20 +31,20 @@ from unittest import mock
 import aiohttp
 import numpy as np
 
-from stallfree.loadgen.client import HttpClient
-from stallfree.loadgen.completions import NO_DONE, ResponseError, apply_sse_event
-from stallfree.loadgen.metrics import summarize
-from stallfree.loadgen.openloop import run_open_loop
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.results import requests_frame
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.openai_client.client import HttpClient
+from stallfree.loadgen.openai_client.completions import NO_DONE, ResponseError, apply_sse_event
+from stallfree.loadgen.openai_client.openloop import run_open_loop
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.loadgen.results.run_dir import requests_frame
+from stallfree.loadgen.workload.build import build_workload
 from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 TTFT_MS, TBT_MS, QPS, NUM_REQUESTS, OUTPUT_TOKENS = 20.0, 5.0, 200, 2000, 8
 
 
 class AiohttpClient:
-    """The trial client: loadgen.client.HttpClient's interface on aiohttp, set up as vLLM's benchmark
+    """The trial client: loadgen.openai_client.client.HttpClient's interface on aiohttp, set up as vLLM's benchmark
     sets up its session (vllm/benchmarks/serve.py, lib/endpoint_request_func.py)."""
 
     def __init__(self, base_url: str, api_key: str | None = None):
@@ -96,7 +96,7 @@ def trial(client: str, url: str, realtime: bool) -> dict:
     specs = build_workload({"kind": "poisson", "qps": QPS}, {"kind": "fixed", "prompt": 16, "output": OUTPUT_TOKENS},
                            num_requests=NUM_REQUESTS, seed=0, vocab_size=1000)
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-    with mock.patch("stallfree.loadgen.openloop.HttpClient", CLIENTS[client]), \
+    with mock.patch("stallfree.loadgen.openai_client.openloop.HttpClient", CLIENTS[client]), \
             (realtime_priority() if realtime else contextlib.nullcontext()):
         rows = asyncio.run(run_open_loop(url, specs, model="fake", timeout_s=10))
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)

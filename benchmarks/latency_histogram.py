@@ -1,4 +1,4 @@
-"""The LLM tab's percentile histogram (loadgen.locust_llm_stats.LogHistogram: 2 %-wide log bins in numpy)
+"""The LLM tab's percentile histogram (loadgen.locust.llm_stats.LogHistogram: 2 %-wide log bins in numpy)
 against the maintained libraries that do the same job: DDSketch (``ddsketch``, relative accuracy 1 %) and
 HdrHistogram (``hdrhistogram``, microseconds, 2 significant digits), on what the tab feeds them: batches
 of token gaps as a process drains them (about one batch a second), then percentile queries.
@@ -21,7 +21,7 @@ import numpy as np
 from ddsketch import DDSketch
 from hdrh.histogram import HdrHistogram
 
-from stallfree.loadgen.locust_llm_stats import LogHistogram
+from stallfree.loadgen.locust.llm_stats import LogHistogram
 
 QUANTILES = (50.0, 90.0, 99.0, 99.9)
 

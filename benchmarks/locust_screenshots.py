@@ -24,8 +24,8 @@ import httpx
 from benchmarks.server_overhead import start_server
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.loadgen.text_workloads import load_tokenizer
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.workload.build import build_workload
+from stallfree.loadgen.workload.text_prompts import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

@@ -16,9 +16,9 @@ import time
 from benchmarks.engine_throughput import make_prompts, run_engine, workload_parser, write_result
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.loadgen.openloop import run_open_loop_sync
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.workload import RequestSpec
+from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.workload.build import RequestSpec
 
 
 def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> subprocess.Popen:

@@ -17,10 +17,10 @@ import statistics
 from pathlib import Path
 
 from stallfree.engine import CostModel, EngineConfig, LLMEngine, SamplingParams, profile_cost_model
-from stallfree.loadgen.metrics import summarize
-from stallfree.loadgen.results import requests_frame
+from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.workload.build import build_workload
 
 METRICS = ("output_throughput", "median_ttft_ms", "p99_tbt_ms")
 POLICIES = (("vllm", 512), ("sarathi", 128))

@@ -1,5 +1,5 @@
 """Stability of the relaxed SLO's decode reference on a loaded machine: the robust probe
-(loadgen.slo.probe_reference) against the single-shot probe it replaced (the median token gap of one burst),
+(loadgen.sweep.slo.probe_reference) against the single-shot probe it replaced (the median token gap of one burst),
 both measured ``--runs`` times, alternating, each on a freshly made target (``small`` in process, as a
 new ``stallfree-bench`` process makes it), while a CPU burner (a busy-looping process) holds one core.
 
@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from stallfree.loadgen.config_check import CONF_DIR
-from stallfree.loadgen.live_target import LiveTarget
-from stallfree.loadgen.slo import probe_reference
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.loadgen.sweep.live_target import LiveTarget
+from stallfree.loadgen.sweep.slo import probe_reference
+from stallfree.loadgen.workload.build import build_workload
 
 
 def _burn() -> None:

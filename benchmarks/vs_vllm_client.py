@@ -4,7 +4,7 @@ Both clients send the same requests at the same times, against stallfree-serve a
 server on the same materialized preset directory: vLLM's client replays a ``timed_trace`` dataset
 (per-request timestamps, token-id prompts expanded from hash ids, ignore_eos), with PYTHONHASHSEED fixed
 so every run expands the same prompts; its requests are captured from its own run and stallfree's
-open-loop dispatcher (loadgen.openloop) replays exactly those, at the same offsets. ``--together``:
+open-loop dispatcher (loadgen.openai_client.openloop) replays exactly those, at the same offsets. ``--together``:
 ``no`` runs the clients in turn, ABBA order per server; the other two run both at once, their schedules
 started at the same instant, so the machine's drift between runs reaches both alike. ``copies`` has each
 client send every request (each prompt twice in all; the two copies usually share a server iteration,
@@ -15,8 +15,8 @@ resend the same prompts. Server ``simulated`` is a control: stallfree-serve with
 whose iterations sleep the cost model's time, so the server hardly depends on the CPU the clients and
 other processes leave it. Per run: the client's medians of TTFT (from the actual send), TPOT and ITL as vLLM
 defines them, the client process's CPU time during the schedule (resource usage), its schedule lag, and
-the server engine's CPU share (loadgen.cpu_share). vLLM's per-request timestamps are also summarized
-by loadgen.metrics, which checks that the two define the metrics alike.
+the server engine's CPU share (loadgen.sweep.cpu_share). vLLM's per-request timestamps are also summarized
+by loadgen.results.request_metrics, which checks that the two define the metrics alike.
 
     python -m benchmarks.vs_vllm_client --peer-script PATH/vllm_cpu.sh [--peer-venv ~/.cache/vllm-cpu-venv]
     # benchmarks/results/vs_vllm_client.json: ... --servers simulated,stallfree,vllm --qps 0.5,4
@@ -50,16 +50,16 @@ from benchmarks.lib.vllm_client import (
     write_trace,
 )
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.loadgen.cpu_share import CpuMonitor
-from stallfree.loadgen.metrics import summarize
-from stallfree.loadgen.openloop import run_open_loop_sync
-from stallfree.loadgen.records import RequestRecord, as_row
-from stallfree.loadgen.results import requests_frame
-from stallfree.loadgen.workload import RequestSpec
+from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
+from stallfree.loadgen.results.records import RequestRecord, as_row
+from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.loadgen.results.run_dir import requests_frame
+from stallfree.loadgen.sweep.cpu_share import CpuMonitor
+from stallfree.loadgen.workload.build import RequestSpec
 
 TOLERANCE = 0.05
 SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together
-# vLLM's summary keys -> loadgen.metrics summary keys of the same definition
+# vLLM's summary keys -> loadgen.results.request_metrics summary keys of the same definition
 SAME_METRIC = {"median_ttft_ms": "median_ttft_from_send_ms", "median_tpot_ms": "median_tpot_ms",
                "median_itl_ms": "median_itl_ms"}
 def run_stallfree_client(url: str, model: str, specs: list[RequestSpec],
@@ -221,7 +221,7 @@ def compare(runs: list[dict]) -> dict:
             entry[metric] = {"vllm_client": vllm, "stallfree_client": ours, "ratio": ours / vllm,
                              "within_5pct": abs(ours / vllm - 1) <= TOLERANCE,
                              "runs": {"vllm_client": values("vllm", key), "stallfree_client": values("stallfree", key)}}
-        # loadgen.metrics on vLLM's own timestamps against the medians vLLM reports: the definitions agree
+        # loadgen.results.request_metrics on vLLM's own timestamps against the medians vLLM reports: the definitions agree
         entry["definitions_max_rel_diff"] = max(
             (abs(r[ours] / r["vllm_reported"][theirs] - 1) for r in runs
              if (r["server"], r["qps"]) == point and "vllm_reported" in r for theirs, ours in SAME_METRIC.items()),

@@ -27,7 +27,7 @@ from benchmarks.server_overhead import measure_burst, start_server
 from stallfree.engine.device import resolve_dtype
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.results.records import RequestRecord
 
 
 def start_vllm(peer: str, model_dir: Path, port: int, chunk: int, dtype: str, kv_gib: float,

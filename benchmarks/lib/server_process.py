@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from stallfree.loadgen.cpu_share import sample
+from stallfree.loadgen.sweep.cpu_share import sample
 
 
 def descendants(pid: int) -> list[int]:

@@ -10,10 +10,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from stallfree.engine import LLMEngine
-from stallfree.loadgen.bench_config import digest, engine_kwargs, section
 from stallfree.loadgen.studies.catalog import STUDIES, check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import write_rows
+from stallfree.loadgen.sweep.bench_config import digest, engine_kwargs, section
 
 __all__ = ["run_study"]
 

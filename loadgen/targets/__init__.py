@@ -3,9 +3,9 @@ implementing loadgen.targets.base.Target. None of them imports torch until it is
 from __future__ import annotations
 
 from stallfree.engine.hydra_groups import require
+from stallfree.loadgen.locust.target import LocustTarget
 from stallfree.loadgen.targets.base import Replay, Target, TargetClass
 from stallfree.loadgen.targets.inprocess import InProcessTarget
-from stallfree.loadgen.targets.locust_run import LocustTarget
 from stallfree.loadgen.targets.openai_server import HttpTarget, UrlTarget
 
 TARGETS: dict[str, TargetClass] = {

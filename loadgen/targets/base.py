@@ -8,8 +8,8 @@ from typing import Protocol
 
 from omegaconf import DictConfig
 
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.workload import RequestSpec
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.workload.build import RequestSpec
 
 Progress = Callable[[RequestRecord], None]
 

@@ -1,4 +1,4 @@
-"""Targets that replay open loop over HTTP (loadgen.openloop) on an OpenAI-compatible server:
+"""Targets that replay open loop over HTTP (loadgen.openai_client.openloop) on an OpenAI-compatible server:
 ``target=url``, a server already running, and ``target=http``, a ``stallfree-serve`` started for the
 run, whose engine iterations are recorded too (batches.parquet)."""
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from stallfree.loadgen.bench_config import model_vocab_size
-from stallfree.loadgen.openloop import run_open_loop_sync
-from stallfree.loadgen.records import RequestRecord
+from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.sweep.bench_config import model_vocab_size
 from stallfree.loadgen.targets.base import Progress, Replay
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
-from stallfree.loadgen.workload import RequestSpec
+from stallfree.loadgen.workload.build import RequestSpec
 
 
 class _OpenLoopHttpTarget:

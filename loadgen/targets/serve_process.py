@@ -15,7 +15,7 @@ import httpx
 from omegaconf import DictConfig
 
 from stallfree.engine.hydra_groups import ConfigError, serve_overrides
-from stallfree.loadgen.bench_config import section
+from stallfree.loadgen.sweep.bench_config import section
 
 STOP_TIMEOUT_S = 15
 

@@ -7,7 +7,7 @@ import json
 import urllib.error
 import urllib.request
 
-from stallfree.loadgen.run_errors import TargetError
+from stallfree.loadgen.sweep.run_errors import TargetError
 
 TIMEOUT_S = 10.0
 

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from stallfree.analysis import load
-from stallfree.loadgen.metrics import summarize
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.results import requests_frame, write_run
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.loadgen.results.run_dir import requests_frame, write_run
 
 T0 = 1000.0
 

@@ -10,9 +10,9 @@ import pytest
 from stallfree.analysis import load
 from stallfree.analysis.report import main as report_main
 from stallfree.analysis.vllm_format import export_vllm
-from stallfree.loadgen.metrics import summarize
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.results import requests_frame, write_run
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.loadgen.results.run_dir import requests_frame, write_run
 
 
 def _records(n: int = 12, lag_s: float = 0.05) -> list[RequestRecord]:

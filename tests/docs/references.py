@@ -3,7 +3,7 @@
 A file reference is a repository path such as ``engine/runner/simulated.py`` (a ``{a,b}`` group names
 several files; ``:123`` or ``:name`` may follow). A symbol reference is a dotted name in backticks that
 starts at one of the installed packages (`` `stallfree.engine.server.start_server` ``) or a path followed by
-``:name`` (``loadgen/capacity.py:search``). Symbols are looked up in the source without importing it.
+``:name`` (``loadgen/sweep/capacity_search.py:search``). Symbols are looked up in the source without importing it.
 """
 from __future__ import annotations
 

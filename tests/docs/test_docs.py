@@ -36,7 +36,7 @@ def test_the_checks_catch_drift(tmp_path):
         "docs/architecture.md: engine/nonexistent.py", "docs/architecture.md: stallfree.engine.server.no_such_name"]
     # a module named as a folder rather than as installed cannot be imported by a reader
     assert broken_references(doc, "`engine.server.start_server`") == ["docs/architecture.md: engine.server.start_server"]
-    assert broken_references(doc, "engine/scheduler/{vllm,nope}.py and loadgen/capacity.py:search") == [
+    assert broken_references(doc, "engine/scheduler/{vllm,nope}.py and loadgen/sweep/capacity_search.py:search") == [
         "docs/architecture.md: engine/scheduler/nope.py"]
     assert symbol_exists("stallfree.engine.server.start_server") and symbol_exists("stallfree.engine.outputs.BatchRecord.iteration")
     names = [name for name, _, _ in field_rows("stallfree.engine.outputs.BatchRecord")]

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from stallfree.loadgen.config_check import ConfigError, validate_cli
-from stallfree.loadgen.results import REQUESTS_SCHEMA
+from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA
+from stallfree.loadgen.sweep.config_check import ConfigError, validate_cli
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 SWEEP = ["-m", "scheduler=vllm,sarathi", "chunk_size=128,256", "qps=4,8", "workload=fixed",

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stallfree.loadgen.config_check import ConfigError, validate_cli
+from stallfree.loadgen.sweep.config_check import ConfigError, validate_cli
 from tests.loadgen.test_bench import bench, run_dirs
 
 DATA = Path(__file__).resolve().parents[1] / "data"

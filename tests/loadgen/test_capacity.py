@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.loadgen.capacity import Point, point_from_summary, probes_left, search
+from stallfree.loadgen.sweep.capacity_search import Point, point_from_summary, probes_left, search
 
 BIN = Path(sys.executable).parent
 
@@ -110,7 +110,7 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_groups import CONF_DIR
-    from stallfree.loadgen import capacity
+    from stallfree.loadgen.sweep import capacity_search as capacity
 
     capacities, calls, parts = {0: 4.0, 1: 6.0}, [], []
 

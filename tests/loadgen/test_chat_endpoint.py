@@ -10,11 +10,11 @@ import pytest
 
 from stallfree.engine import resolve_model_path
 from stallfree.engine.server import start_server
-from stallfree.loadgen.completions import request, tokens_in_chunk
-from stallfree.loadgen.openloop import run_open_loop_sync
-from stallfree.loadgen.targets.locust_run import run_locust
-from stallfree.loadgen.text_workloads import load_tokenizer
-from stallfree.loadgen.workload import RequestSpec, build_workload
+from stallfree.loadgen.locust.target import run_locust
+from stallfree.loadgen.openai_client.completions import request, tokens_in_chunk
+from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
+from stallfree.loadgen.workload.build import RequestSpec, build_workload
+from stallfree.loadgen.workload.text_prompts import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -1,4 +1,4 @@
-"""Disturbed-run detection (loadgen.cpu_share): the arithmetic on constructed samples, and a real
+"""Disturbed-run detection (loadgen.sweep.cpu_share): the arithmetic on constructed samples, and a real
 in-process replay starved by bounded CPU hogs."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from stallfree.loadgen.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
-from stallfree.loadgen.runner import cpu_summary
+from stallfree.loadgen.sweep.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
+from stallfree.loadgen.sweep.point import cpu_summary
 from stallfree.loadgen.targets.inprocess import replay
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.workload.build import build_workload
 
 HOG_S = 60  # each hog stops by itself after this long, whatever happens to the test
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from stallfree.loadgen.cpu_share import CpuReport
+from stallfree.loadgen.sweep.cpu_share import CpuReport
 from tests.loadgen.test_bench import bench, kill_after_first_run, run_dirs
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""loadgen/locustfile.py and target=locust: Locust runs as `locust` subprocesses (it monkeypatches with
+"""loadgen/locust/locustfile.py and target=locust: Locust runs as `locust` subprocesses (it monkeypatches with
 gevent on import, so it is never imported here) against an in-process tiny stallfree-serve or the fake
 SSE server (tests/fakes/fake_sse_server.py), all on 127.0.0.1.
 """
@@ -20,9 +20,9 @@ import pytest
 from scipy import stats
 
 from stallfree.engine.server import start_server
-from stallfree.loadgen.metrics import request_metrics, summarize
-from stallfree.loadgen.results import requests_frame
-from stallfree.loadgen.targets.locust_run import read_records
+from stallfree.loadgen.locust.target import read_records
+from stallfree.loadgen.results.request_metrics import request_metrics, summarize
+from stallfree.loadgen.results.run_dir import requests_frame
 from tests.fakes.fake_sse_server import running_fake_server
 from tests.machine_stalls import retry_while_stalled
 

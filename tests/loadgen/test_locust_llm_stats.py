@@ -1,5 +1,5 @@
-"""The LLM tab's statistics without Locust: loadgen.locust_llm_events (what a process records) and
-loadgen.locust_llm_stats (the aggregation), on hand-built records and events."""
+"""The LLM tab's statistics without Locust: loadgen.locust.llm_events (what a process records) and
+loadgen.locust.llm_stats (the aggregation), on hand-built records and events."""
 from __future__ import annotations
 
 from argparse import Namespace
@@ -7,8 +7,8 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from stallfree.loadgen.locust_llm_events import LiveEvents
-from stallfree.loadgen.locust_llm_stats import (
+from stallfree.loadgen.locust.llm_events import LiveEvents
+from stallfree.loadgen.locust.llm_stats import (
     WHOLE_RUN,
     WINDOW_S,
     LLMStats,
@@ -16,8 +16,8 @@ from stallfree.loadgen.locust_llm_stats import (
     SLOBounds,
     slo_bounds,
 )
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.workload import RequestSpec
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.workload.build import RequestSpec
 
 T0 = 1_700_000_000.0
 

@@ -1,12 +1,12 @@
-"""stallfree.loadgen.locust_server_stats: the LLM tab's MFU / MBU columns from successive /metrics scrapes."""
+"""stallfree.loadgen.locust.server_stats: the LLM tab's MFU / MBU columns from successive /metrics scrapes."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from stallfree.loadgen.locust_llm_stats import WHOLE_RUN, WINDOW_S
-from stallfree.loadgen.locust_server_stats import ServerUtilisation, parse_utilisation
+from stallfree.loadgen.locust.llm_stats import WHOLE_RUN, WINDOW_S
+from stallfree.loadgen.locust.server_stats import ServerUtilisation, parse_utilisation
 
 T0 = 1_700_000_000.0
 

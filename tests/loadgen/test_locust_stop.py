@@ -8,7 +8,7 @@ import subprocess
 import pandas as pd
 import pytest
 
-from stallfree.loadgen.targets.locust_run import read_records
+from stallfree.loadgen.locust.target import read_records
 from tests.fakes.fake_sse_server import running_fake_server
 from tests.loadgen.test_locust import llm_stats, locust_command, locust_stats
 

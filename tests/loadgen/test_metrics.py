@@ -5,9 +5,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from stallfree.loadgen.metrics import LATENCY_METRICS, summarize
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.results import (
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.results.request_metrics import LATENCY_METRICS, summarize
+from stallfree.loadgen.results.run_dir import (
     REQUESTS_SCHEMA,
     is_complete,
     make_run_id,

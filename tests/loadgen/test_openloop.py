@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from stallfree.loadgen.client import iter_body, read_head
-from stallfree.loadgen.metrics import summarize
-from stallfree.loadgen.openloop import run_open_loop, run_open_loop_sync
-from stallfree.loadgen.results import requests_frame
-from stallfree.loadgen.workload import RequestSpec, build_workload
+from stallfree.loadgen.openai_client.client import iter_body, read_head
+from stallfree.loadgen.openai_client.openloop import run_open_loop, run_open_loop_sync
+from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.loadgen.results.run_dir import requests_frame
+from stallfree.loadgen.workload.build import RequestSpec, build_workload
 from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
 from tests.machine_stalls import retry_while_stalled
 

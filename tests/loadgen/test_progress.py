@@ -5,8 +5,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from stallfree.engine.hydra_groups import CONF_DIR
-from stallfree.loadgen import progress
-from stallfree.loadgen.progress import RunPart, SweepProgress, duration, sweep_plan
+from stallfree.loadgen.sweep import progress
+from stallfree.loadgen.sweep.progress import RunPart, SweepProgress, duration, sweep_plan
 
 
 def multirun_config(task_overrides: list[str]):
@@ -103,7 +103,7 @@ def test_duration(seconds, text):
 
 
 def test_result_block_and_sweep_table_in_vllm_bench_serve_terms():
-    from stallfree.loadgen.result_block import result_block, sweep_table
+    from stallfree.loadgen.results.summary_block import result_block, sweep_table
 
     summary = {"completed": 10, "failed": 1, "duration": 5.0, "total_input_tokens": 100, "total_output_tokens": 50,
                "request_throughput": 2.0, "output_throughput": 10.0, "total_token_throughput": 30.0,

@@ -4,9 +4,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from stallfree.loadgen.config_check import CONF_DIR
-from stallfree.loadgen.records import RequestRecord
-from stallfree.loadgen.slo import decode_steps_ms, resolve_slo
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.loadgen.sweep.slo import decode_steps_ms, resolve_slo
 from stallfree.loadgen.targets.base import Replay
 
 COST_MODEL = Path(__file__).resolve().parents[2] / "engine" / "runner" / "cost_models" / "small-cpu.json"
@@ -93,7 +93,7 @@ def test_a_pinned_or_modelled_reference_runs_no_probe(tmp_path):
 
 def test_a_running_server_is_labelled_by_its_model_id_or_label_not_bench_defaults():
     from stallfree.engine.server import start_server
-    from stallfree.loadgen.plan import plan_run
+    from stallfree.loadgen.sweep.plan import plan_run
 
     with start_server({"model": "tiny", "dtype": "float32"}) as server:
         plan = plan_run(config("target=url", f"target.url={server.url}", "scheduler=sarathi", "chunk_size=512"))

@@ -8,7 +8,7 @@ import pytest
 from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
 from stallfree.loadgen.targets import TARGETS, Target, target_class
 from stallfree.loadgen.targets.inprocess import TIMEOUT_ERROR, replay
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.workload.build import build_workload
 
 KINDS = sorted(p.stem for p in (CONF_DIR / "target").glob("*.yaml"))
 
@@ -61,5 +61,5 @@ def test_targets_package_does_not_load_torch():
     import subprocess
     import sys
 
-    code = "import sys, loadgen.bench, loadgen.targets; assert 'torch' not in sys.modules"
+    code = "import sys, loadgen.sweep.bench, loadgen.targets; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

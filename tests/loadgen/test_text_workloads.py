@@ -1,4 +1,4 @@
-"""Text workloads (loadgen.text_workloads) on the sample files in tests/data/, counted with the tiny
+"""Text workloads (loadgen.workload.text_prompts) on the sample files in tests/data/, counted with the tiny
 preset's tokenizer."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from stallfree.engine import resolve_model_path
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.loadgen.text_workloads import chat_token_ids, load_tokenizer
-from stallfree.loadgen.workload import build_workload
+from stallfree.loadgen.workload.build import build_workload
+from stallfree.loadgen.workload.text_prompts import chat_token_ids, load_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 POISSON = {"kind": "poisson", "qps": 2.0}

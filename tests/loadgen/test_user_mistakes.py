@@ -1,5 +1,5 @@
 """Ten mistakes a user makes at run time, scripted: each ends with one line that says what went wrong and
-what to do, a documented exit code (loadgen.run_errors), and no traceback."""
+what to do, a documented exit code (loadgen.sweep.run_errors), and no traceback."""
 from __future__ import annotations
 
 import os

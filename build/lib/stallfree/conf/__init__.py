@@ -1,1 +1,0 @@
-"""The Hydra configuration groups (package data: the YAML files beside this one)."""

@@ -1,1 +1,0 @@
-"""The simulator at paper scale: GPU operator cost models, model shapes and GPU specifications."""

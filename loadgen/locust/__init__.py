@@ -1,0 +1,1 @@
+"""The Locust side: the locustfile, its users and schedule, and the web UI's LLM tab."""

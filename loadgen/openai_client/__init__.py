@@ -1,0 +1,1 @@
+"""The load generator's HTTP side: streamed OpenAI requests sent open loop."""

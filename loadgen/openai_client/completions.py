@@ -1,0 +1,80 @@
+"""The streamed OpenAI completion or chat completion as the load generator speaks it, shared by the
+asyncio client (loadgen.openai_client.client) and the Locust users (loadgen.locust.user_request): the request body, the
+SSE events that fill a RequestRecord, and the failure messages of a request that did not complete.
+"""
+from __future__ import annotations
+
+import json
+
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.workload.build import RequestSpec
+
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# server-side timing extension of the final chunk ("stallfree": {...}) -> record fields
+SERVER_FIELDS = {"arrival_time": "server_arrival_time", "first_scheduled_time": "server_first_scheduled_time",
+                 "finish_time": "server_finish_time", "token_times": "server_token_times",
+                 "num_preemptions": "num_preemptions"}
+CANCELLED = "cancelled while in flight"
+CANCELLED_AT_STOP = "cancelled at stop"  # a Locust test stopped (-t, Stop) with the request in flight
+NO_DONE = "stream ended without data: [DONE]"
+
+
+class ResponseError(Exception):
+    """The server answered, but not with a complete successful stream."""
+
+
+def request(spec: RequestSpec, model: str, endpoint: str = "completions") -> tuple[str, bytes]:
+    """The path and body of a greedy streaming request (``model`` empty: left out). ``chat`` sends the
+    spec's messages, or its text prompt as one user message; ``completions`` its text prompt when it has
+    one, else its token ids. A spec without text (the warm-ups, the decode probe) always goes to
+    completions: chat needs text."""
+    if endpoint == "chat" and (spec.messages is not None or spec.prompt is not None):
+        prompt = {"messages": spec.messages or [{"role": "user", "content": spec.prompt}]}
+    else:
+        endpoint = "completions"
+        prompt = {"prompt": spec.prompt if spec.prompt is not None else spec.prompt_token_ids}
+    body = {**prompt, "max_tokens": spec.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    return ENDPOINT_PATHS[endpoint], json.dumps({"model": model, **body} if model else body).encode()
+
+
+def tokens_in_chunk(chunk: dict) -> int:
+    """Tokens carried by one stream chunk: its token_ids / logprobs.tokens when present, otherwise
+    one per chunk with a choice, except an empty-text chunk (text, or a chat delta's content) that only
+    carries a finish_reason or the chat role."""
+    if not chunk.get("choices"):
+        return 0
+    choice = chunk["choices"][0]
+    if choice.get("token_ids") is not None:
+        return len(choice["token_ids"])
+    if (choice.get("logprobs") or {}).get("tokens") is not None:
+        return len(choice["logprobs"]["tokens"])
+    text = choice.get("text") or (choice.get("delta") or {}).get("content")
+    if "delta" in choice:  # chat: the first chunk may carry only the role
+        return int(bool(text))
+    return int(bool(text) or choice.get("finish_reason") is None)
+
+
+def apply_sse_event(data: bytes, received: float, record: RequestRecord) -> None:
+    """Apply one SSE ``data:`` payload, received at ``received``, to the record: ``[DONE]`` makes it ok."""
+    if data == b"[DONE]":
+        record.status = "ok"
+        return
+    chunk = json.loads(data)
+    if "error" in chunk:
+        raise ResponseError(f"server error in stream: {chunk['error']}")
+    record.token_times.extend([received] * tokens_in_chunk(chunk))
+    if (chunk.get("usage") or {}).get("completion_tokens") is not None:
+        record.output_tokens = chunk["usage"]["completion_tokens"]
+    for key, value in (chunk.get("stallfree") or {}).items():
+        if key in SERVER_FIELDS:
+            setattr(record, SERVER_FIELDS[key], value)
+
+
+def timeout_error(timeout_s: float) -> str:
+    return f"no complete response within {timeout_s} s"
+
+
+def failure_error(e: Exception) -> str:
+    """The error of a request that failed with ``e``: a ResponseError's own message, else the type too."""
+    return str(e) if isinstance(e, ResponseError) else f"{type(e).__name__}: {e}"

@@ -1,0 +1,78 @@
+"""Open-loop dispatcher: each request is sent at run start + its send_offset_s, as its own task, so
+arrivals never wait for responses. The schedule is absolute: the dispatcher sleeps until each
+request's own send time, so late wake-ups never accumulate.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+from stallfree.loadgen.openai_client.client import HttpClient, send_request
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.workload.build import RequestSpec
+
+
+async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,
+                        max_in_flight: int | None = None, timeout_s: float, warmup: int = 0,
+                        duration_s: float | None = None, api_key: str | None = None,
+                        endpoint: str = "completions",
+                        progress: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+    """Send ``specs`` open loop to an OpenAI-compatible server; return one record per spec, in order.
+
+    * ``max_in_flight``: at most this many requests in flight; a request due while the cap is
+      reached is sent as soon as a slot frees (its schedule lag shows the wait).
+    * ``endpoint``: ``completions`` (/v1/completions) or ``chat`` (/v1/chat/completions).
+    * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
+    * ``duration_s``: only specs with ``send_offset_s < duration_s`` belong to the run; the others
+      are dropped (no records).
+    * ``progress(record)`` is called as each request finishes.
+    * Cancellation (task cancel, Ctrl-C under ``run_open_loop_sync``) stops cleanly and returns the
+      records: in-flight requests become ``aborted``, unsent ones ``aborted`` with error "not sent".
+    """
+    if duration_s is not None:
+        specs = [spec for spec in specs if spec.send_offset_s < duration_s]
+    gate = asyncio.Semaphore(max_in_flight) if max_in_flight else contextlib.nullcontext()
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task] = []
+
+    async with HttpClient(base_url, api_key=api_key) as http:
+        start_wall, start_loop = time.time(), loop.time()
+        intended = [start_wall + spec.send_offset_s for spec in specs]
+
+        def unsent(i: int) -> RequestRecord:
+            return RequestRecord.unsent(specs[i], intended_send_time=intended[i], is_warmup=i < warmup)
+
+        async def dispatch(i: int) -> RequestRecord:
+            try:
+                async with gate:
+                    record = await send_request(http, specs[i], model=model, timeout_s=timeout_s,
+                                                intended_send_time=intended[i], is_warmup=i < warmup,
+                                                endpoint=endpoint)
+            except asyncio.CancelledError:  # cancelled while waiting for a slot
+                record = unsent(i)
+            if progress is not None:
+                progress(record)
+            return record
+
+        try:
+            for i, spec in enumerate(specs):
+                await asyncio.sleep(max(0.0, start_loop + spec.send_offset_s - loop.time()))
+                tasks.append(asyncio.create_task(dispatch(i)))
+            if tasks:
+                await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+
+    # a task cancelled before it ever ran has no record of its own
+    return [tasks[i].result() if i < len(tasks) and not tasks[i].cancelled() else unsent(i)
+            for i in range(len(specs))]
+
+
+def run_open_loop_sync(base_url: str, specs: Sequence[RequestSpec], **kwargs) -> list[RequestRecord]:
+    """``run_open_loop`` in a fresh event loop; Ctrl-C stops the run and still returns the records."""
+    return asyncio.run(run_open_loop(base_url, specs, **kwargs))

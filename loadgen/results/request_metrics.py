@@ -1,0 +1,187 @@
+"""Per-request metrics and the run summary, with vLLM benchmark key names.
+
+The one definition of every latency, used by the run summary here and by analysis/ alike: ``ttft`` and
+``e2el`` count from the intended send time (the open-loop schedule), ``ttft_from_send`` and
+``e2el_from_send`` from the actual send (vLLM's definitions); a request's end-to-end latency runs to
+its ``finish_time``, when its response ended (as vLLM's e2el does), not to its last token.
+
+Input is a DataFrame with the requests.parquet columns (loadgen.results.records.RequestRecord). Warm-up rows
+are left out of the summary; failed rows (status != ok) are left out of latency statistics but counted
+in ``failed``. Times in the input are epoch seconds; every ``*_ms`` output is milliseconds.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
+LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "e2el_from_send",
+                   "normalized_latency", "scheduling_delay")
+# vLLM's --goodput SLOs (ms) -> the per-request metric each bounds (vLLM's definitions: from the send)
+GOODPUT_METRICS = {"ttft": "ttft_from_send_ms", "tpot": "tpot_ms", "e2el": "e2el_from_send_ms"}
+TIME_COLUMNS = ("intended_send_time", "send_time", "first_token_time", "finish_time",
+                "server_arrival_time", "server_first_scheduled_time")
+MAX_SCHEDULE_LAG_P99_MS = 10.0
+MIN_ACHIEVED_FRACTION = 0.95
+
+
+def _gaps_ms(token_times) -> np.ndarray:
+    if token_times is None:
+        return np.empty(0)
+    return np.diff(np.asarray(token_times, dtype=float)) * 1e3
+
+
+def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """Every row plus per-request metric columns (ms; NaN where not defined, and for failed requests).
+
+    ``tbt_ms`` holds each request's gaps between consecutive tokens (an array); the scalar columns
+    are ttft_ms (first token - intended send), ttft_from_send_ms (first token - actual send),
+    e2el_ms (finish - intended send), e2el_from_send_ms (finish - actual send), tpot_ms ((e2el - ttft) / (output_tokens - 1), only for > 1
+    output token), normalized_latency_ms (e2el / output_tokens), scheduling_delay_ms (server first
+    scheduled - server arrival), max_tbt_ms and schedule_lag_ms (actual - intended send; defined
+    for failed requests too).
+    """
+    df = requests.copy()
+    for col in TIME_COLUMNS:
+        df[col] = df[col].astype(float)
+    ok = df["status"] == "ok"
+    out = df["output_tokens"].astype(float)
+    df["schedule_lag_ms"] = (df["send_time"] - df["intended_send_time"]) * 1e3
+    df["ttft_ms"] = ((df["first_token_time"] - df["intended_send_time"]) * 1e3).where(ok)
+    df["ttft_from_send_ms"] = ((df["first_token_time"] - df["send_time"]) * 1e3).where(ok)
+    df["e2el_ms"] = ((df["finish_time"] - df["intended_send_time"]) * 1e3).where(ok)
+    df["e2el_from_send_ms"] = ((df["finish_time"] - df["send_time"]) * 1e3).where(ok)
+    df["tpot_ms"] = ((df["e2el_ms"] - df["ttft_ms"]) / (out - 1)).where(out > 1)
+    df["normalized_latency_ms"] = (df["e2el_ms"] / out).where(out > 0)
+    df["scheduling_delay_ms"] = ((df["server_first_scheduled_time"] - df["server_arrival_time"])
+                                 * 1e3).where(ok)
+    df["tbt_ms"] = [_gaps_ms(t) if good else np.empty(0) for t, good in zip(df["token_times"], ok, strict=True)]
+    df["max_tbt_ms"] = [g.max() if len(g) else np.nan for g in df["tbt_ms"]]
+    return df
+
+
+def per_request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """``request_metrics`` of the non-warm-up rows: the requests a summary measures."""
+    return request_metrics(requests[~requests["is_warmup"].astype(bool)])
+
+
+def _stats(name: str, values) -> dict[str, float | None]:
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    keys = [f"{stat}_{name}_ms" for stat in ("mean", "std", *PERCENTILES)]
+    if not len(v):
+        return dict.fromkeys(keys)
+    vals = [v.mean(), v.std(), *np.percentile(v, list(PERCENTILES.values()))]
+    return {k: float(x) for k, x in zip(keys, vals, strict=True)}
+
+
+def _rate(times: pd.Series) -> float | None:
+    """Requests per second over a series of send times: (n - 1) / span (None when span is 0)."""
+    times = times.dropna()
+    span = times.max() - times.min() if len(times) else 0.0
+    return float((len(times) - 1) / span) if span > 0 else None
+
+
+def _per_second(count: float, duration: float | None) -> float | None:
+    return float(count / duration) if duration else None
+
+
+def parse_goodput(spec: str | None) -> dict[str, float]:
+    """vLLM's goodput SLOs, ``"ttft:500 tpot:50 e2el:2000"`` (ms; any of the three) -> a dict."""
+    slos = {}
+    for item in (spec or "").replace(",", " ").split():
+        name, _, value = item.partition(":")
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise ValueError(f"slo.goodput must be KEY:MS items, got {item!r}") from None
+        if name not in GOODPUT_METRICS or slos[name] <= 0:
+            raise ValueError(f"slo.goodput keys are {sorted(GOODPUT_METRICS)} with values > 0, got {item!r}")
+    return slos
+
+
+def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_ms: float | None = None,
+              slo_e2e_ms: float | None = None, goodput: str | None = None) -> dict:
+    """The run summary: counts, throughput, goodput, latency statistics and validity flags.
+
+    duration = last finish - first intended send (all non-warm-up rows). A request is good when it
+    is ok and meets every given SLO: ttft <= slo_ttft_ms, e2el <= slo_e2e_ms and every one of its
+    token gaps <= slo_tbt_ms. ``request_goodput_vllm`` counts the ok requests that meet every SLO of
+    ``goodput`` (vLLM's ``--goodput``, see parse_goodput) with vLLM's definitions (from the actual
+    send; a 1-token request meets any tpot). Offered / achieved rates are (n - 1) / span of the
+    intended / actual send times, so a constant-rate schedule reports exactly its qps.
+    """
+    df = per_request_metrics(requests)
+    ok = df["status"] == "ok"
+    done = df[ok]
+    finish = df["finish_time"].max()
+    duration = float(finish - df["intended_send_time"].min()) if len(df) and not np.isnan(finish) else None
+    total_in = int(done["prompt_tokens"].sum())
+    total_out = int(done["output_tokens"].sum())
+
+    good = ok.copy()
+    if slo_ttft_ms is not None:
+        good &= df["ttft_ms"] <= slo_ttft_ms
+    if slo_e2e_ms is not None:
+        good &= df["e2el_ms"] <= slo_e2e_ms
+    if slo_tbt_ms is not None:
+        good &= df["max_tbt_ms"].fillna(0.0) <= slo_tbt_ms  # a 1-token request has no gaps
+
+    vllm_slos = parse_goodput(goodput)
+    vllm_good = ok.copy()
+    for name, bound in vllm_slos.items():
+        vllm_good &= df[GOODPUT_METRICS[name]].fillna(0.0) <= bound
+
+    tbt = np.concatenate([np.empty(0), *done["tbt_ms"]])
+    per_metric = {"ttft": done["ttft_ms"], "ttft_from_send": done["ttft_from_send_ms"],
+                  "tpot": done["tpot_ms"], "itl": tbt, "tbt": tbt, "e2el": done["e2el_ms"],
+                  "e2el_from_send": done["e2el_from_send_ms"],
+                  "normalized_latency": done["normalized_latency_ms"],
+                  "scheduling_delay": done["scheduling_delay_ms"]}
+
+    lag = df["schedule_lag_ms"].dropna()
+    lag_p50, lag_p99 = (float(x) for x in np.percentile(lag, [50, 99])) if len(lag) else (None, None)
+    offered, achieved = _rate(df["intended_send_time"]), _rate(df["send_time"])
+    fell_behind = (lag_p99 is not None and lag_p99 > MAX_SCHEDULE_LAG_P99_MS) or (
+        offered is not None and (achieved or 0.0) < MIN_ACHIEVED_FRACTION * offered)
+
+    summary = {
+        "completed": int(ok.sum()),
+        "failed": int((~ok).sum()),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": _per_second(int(ok.sum()), duration),
+        "output_throughput": _per_second(total_out, duration),
+        "total_token_throughput": _per_second(total_in + total_out, duration),
+        "request_goodput": _per_second(int(good.sum()), duration),
+        "request_goodput_vllm": _per_second(int(vllm_good.sum()), duration) if vllm_slos else None,
+    }
+    for name in LATENCY_METRICS:
+        summary.update(_stats(name, per_metric[name]))
+    summary.update({
+        "schedule_lag_p50_ms": lag_p50,
+        "schedule_lag_p99_ms": lag_p99,
+        "schedule_lag_max_ms": float(lag.max()) if len(lag) else None,
+        "offered_rate": offered,
+        "achieved_rate": achieved,
+        "client_fell_behind": bool(fell_behind),
+        "slo_tbt_ms": slo_tbt_ms,
+        "slo_ttft_ms": slo_ttft_ms,
+        "slo_e2e_ms": slo_e2e_ms,
+        "slo_goodput": " ".join(f"{k}:{v:g}" for k, v in vllm_slos.items()) or None,
+    })
+    return summary
+
+
+def pipeline_summary(batches: list[dict] | None) -> dict:
+    """A simulated deployment's pipeline stages over a run (BatchRecord ``stage_busy_s`` / ``stage_idle_s``):
+    ``pipeline_bubble_fraction``, the share of the stages' time spent idle while the engine had work (None for
+    runs without stage records), and ``pipeline_stages``."""
+    staged = [b for b in batches or () if b.get("stage_busy_s")]
+    if not staged:
+        return {"pipeline_bubble_fraction": None, "pipeline_stages": None}
+    busy = sum(sum(b["stage_busy_s"]) for b in staged)
+    idle = sum(sum(b["stage_idle_s"]) for b in staged)
+    return {"pipeline_bubble_fraction": idle / (busy + idle) if busy + idle > 0 else 0.0,
+            "pipeline_stages": len(staged[0]["stage_busy_s"])}

@@ -1,0 +1,124 @@
+"""Run outputs: results/<experiment>/<run_id>/{config.yaml, requests.parquet, batches.parquet,
+summary.json}, written into a temporary directory and renamed when complete, and
+results/<experiment>/summary.parquet with one row per complete run.
+
+requests.parquet has one row per RequestRecord; its schema is derived from the dataclass's fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import types
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from stallfree.loadgen.results.records import RequestRecord, as_row
+
+ARROW_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
+               list[float]: pa.list_(pa.float64())}
+MAX_RUN_ID_LEN = 180
+
+
+def arrow_type(annotation) -> pa.DataType:
+    """The Arrow type of a field annotation; ``X | None`` is X (every column is nullable)."""
+    if isinstance(annotation, types.UnionType):
+        [annotation] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    return ARROW_TYPES[annotation]
+
+
+def arrow_schema(record_type: type) -> pa.Schema:
+    """One nullable column per dataclass field, in field order."""
+    hints = typing.get_type_hints(record_type)
+    return pa.schema([(f.name, arrow_type(hints[f.name])) for f in dataclasses.fields(record_type)])
+
+
+REQUESTS_SCHEMA = arrow_schema(RequestRecord)
+
+
+def make_run_id(params: dict) -> str:
+    """``key=value`` pairs in the given order joined by commas, e.g. ``scheduler=sarathi,qps=1.0``.
+
+    Characters outside ``[A-Za-z0-9._=,+-]`` become ``_``; ids longer than 180 characters are cut
+    and end with a hash of the full id, so they stay unique and valid file names.
+    """
+    run_id = ",".join(f"{key}={value}" for key, value in params.items())
+    run_id = re.sub(r"[^A-Za-z0-9._=,+-]", "_", run_id)
+    if len(run_id) > MAX_RUN_ID_LEN:
+        digest = hashlib.sha1(run_id.encode()).hexdigest()[:12]
+        run_id = f"{run_id[:MAX_RUN_ID_LEN - 13]}-{digest}"
+    return run_id
+
+
+def _json_value(value):
+    """summary.json values: numpy scalars as Python numbers, NaN as null."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
+    """The records as a DataFrame with the requests.parquet columns (what loadgen.results.request_metrics reads)."""
+    return pd.DataFrame([as_row(r) for r in records], columns=REQUESTS_SCHEMA.names)
+
+
+def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: Sequence[RequestRecord],
+              summary: dict, batches: list[dict] | None = None) -> Path:
+    """Write one run into ``exp_dir/.<run_id>.tmp-<pid>`` and rename it to ``exp_dir/<run_id>``.
+
+    ``config`` is a dict or already-rendered YAML; ``requests`` become requests.parquet. An
+    existing run directory of the same id is replaced. Returns the run directory.
+    """
+    exp_dir = Path(exp_dir)
+    final, tmp = exp_dir / run_id, exp_dir / f".{run_id}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
+        (tmp / "config.yaml").write_text(text)
+        pq.write_table(pa.Table.from_pylist([as_row(r) for r in requests],
+                                             schema=REQUESTS_SCHEMA), tmp / "requests.parquet")
+        if batches is not None:
+            pq.write_table(pa.Table.from_pylist(batches), tmp / "batches.parquet")
+        clean = {key: _json_value(value) for key, value in summary.items()}
+        (tmp / "summary.json").write_text(json.dumps(clean, indent=2, default=str) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def is_complete(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / "summary.json").is_file()
+
+
+def rebuild_experiment_summary(exp_dir: str | Path) -> pd.DataFrame:
+    """Collect summary.json of every complete run into ``exp_dir/summary.parquet`` (and return it).
+
+    Nested values (dicts, lists) are stored as JSON strings so runs with different shapes still fit
+    one table.
+    """
+    exp_dir = Path(exp_dir)
+    rows = []
+    for run_dir in sorted(p for p in exp_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if is_complete(run_dir):
+            summary = json.loads((run_dir / "summary.json").read_text())
+            rows.append({key: json.dumps(value) if isinstance(value, dict | list) else value
+                         for key, value in {"run_id": run_dir.name, **summary}.items()})
+    table = pd.DataFrame(rows)
+    tmp = exp_dir / f".summary.parquet.tmp-{os.getpid()}"
+    table.to_parquet(tmp, index=False)
+    tmp.replace(exp_dir / "summary.parquet")
+    return table

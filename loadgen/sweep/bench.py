@@ -1,0 +1,77 @@
+"""``stallfree-bench``: the Hydra app that runs one measured point per job (sweeps with ``-m``, or
+``+experiment=NAME``: the presets set ``hydra.mode: MULTIRUN``).
+
+A job builds the workload from its config, replays it on the target (conf/target: ``inprocess``, an
+LLMEngine in this process; ``http``, a ``stallfree-serve`` it starts; ``url``, a running server;
+``locust``, a headless Locust run) and writes ``<results_dir>/<experiment_name>/<run_id>/``
+(loadgen.sweep.point). ``mode=capacity`` runs a capacity search instead (loadgen.sweep.capacity_search), each of its
+points such a run.
+
+Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
+server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job. Every run
+prints its place in the sweep and an ETA (loadgen.sweep.progress, a Hydra callback in conf/bench.yaml).
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from stallfree.loadgen.sweep.capacity_search import run_search
+from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
+from stallfree.loadgen.sweep.live_target import LiveTarget
+from stallfree.loadgen.sweep.point import run_repeats
+from stallfree.loadgen.sweep.run_errors import exit_on_error
+
+PROG = "stallfree-bench"
+INTERRUPTED = "interrupted; complete runs are kept: run the same command again to resume"
+
+_targets = LiveTarget()  # shared by the jobs this process runs
+atexit.register(_targets.close)
+
+
+def _keeps_targets() -> bool:
+    """Only the basic launcher runs every job in this process, so only it can reuse a live target."""
+    return "BasicLauncher" in str(HydraConfig.get().launcher.get("_target_", ""))
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    def job() -> None:
+        check(cfg)
+        if cfg.mode == "capacity":
+            run_search(cfg, _targets)
+        elif cfg.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
+            from stallfree.loadgen.studies import (
+                run_study,  # torch: only once a study runs (--help stays fast)
+            )
+
+            run_study(cfg)
+        else:
+            run_repeats(cfg, _targets)
+
+    try:
+        exit_on_error(PROG, job, INTERRUPTED)
+    finally:
+        if not _keeps_targets():
+            _targets.close()
+
+
+def main() -> None:
+    if "--force" in sys.argv:  # measure every run again: rerun=all
+        sys.argv = [arg for arg in sys.argv if arg != "--force"] + ["rerun=all"]
+    exit_on_error(PROG, lambda: validate_cli(sys.argv[1:]))
+    exit_on_error(PROG, _app, INTERRUPTED)
+
+
+def capacity_main() -> None:
+    """``stallfree-capacity ARGS``: ``stallfree-bench ARGS +experiment=capacity``."""
+    sys.argv.append("+experiment=capacity")  # after any -m: Hydra takes overrides in one run
+    main()
+
+
+if __name__ == "__main__":
+    main()

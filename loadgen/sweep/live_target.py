@@ -1,0 +1,46 @@
+"""The live target of a sweep: kept across runs while the server-side config (target kind and URL, or
+model / scheduler / chunk_size) stays the same, and replaced, after a short warm-up, when it changes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from stallfree.loadgen.sweep.bench_config import digest, engine_kwargs
+from stallfree.loadgen.targets import Target, target_class
+from stallfree.loadgen.workload.build import build_workload
+
+WARMUP_REQUESTS = 2  # short requests sent to a freshly made target, not recorded
+
+
+class LiveTarget:
+    """At most one open target at a time; ``close`` releases it (a server process, an engine)."""
+
+    def __init__(self):
+        self._key: str | None = None
+        self._target: Target | None = None
+
+    def get(self, cfg: DictConfig, log_dir: Path) -> Target:
+        """The run's target, reusing the open one when its server-side config is the same."""
+        key = digest([cfg.target.kind, cfg.target.get("url") or engine_kwargs(cfg)])
+        if self._target is None or key != self._key:
+            self.close()
+            target = target_class(cfg.target.kind)(cfg, log_dir)
+            try:
+                _warm_up(target, cfg.seed)
+            except BaseException:
+                target.close()
+                raise
+            self._key, self._target = key, target
+        return self._target
+
+    def close(self) -> None:
+        target, self._key, self._target = self._target, None, None
+        if target is not None:
+            target.close()
+
+
+def _warm_up(target: Target, seed: int) -> None:
+    specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 16, "output": 4}, WARMUP_REQUESTS,
+                           seed, target.vocab_size)
+    target.replay(specs, warmup=0, progress=None)

@@ -1,0 +1,141 @@
+"""One measured point: plan it, replay its workload on the live target, write its run directory and
+rebuild the experiment's summary.parquet. A run whose directory already holds summary.json is read
+back instead (resume); a directory without it (an interrupted write) is measured again. Jobs running
+in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.sweep.experiment_lock).
+``rerun=disturbed`` measures a complete run again when it (or its SLO reference) was disturbed,
+``rerun=all`` (``--force``) every run."""
+from __future__ import annotations
+
+import json
+import time
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
+from stallfree.loadgen.results.run_dir import (
+    is_complete,
+    rebuild_experiment_summary,
+    requests_frame,
+    write_run,
+)
+from stallfree.loadgen.results.summary_block import result_block
+from stallfree.loadgen.sweep.bench_config import section, workload_tokenizer
+from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport
+from stallfree.loadgen.sweep.experiment_lock import experiment_lock
+from stallfree.loadgen.sweep.live_target import LiveTarget
+from stallfree.loadgen.sweep.plan import RunPlan, plan_run
+from stallfree.loadgen.sweep.progress import RunPart, current
+from stallfree.loadgen.sweep.run_errors import TargetError
+from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
+from stallfree.loadgen.workload.build import build_workload
+
+
+def _fmt(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _disturbed_text(s: dict) -> str:
+    share = s.get("engine_cpu_share")
+    return " [disturbed]" if share is None else f" [disturbed: engine got {share:.0%} of its CPU]"
+
+
+def _report(status: str, plan: RunPlan, s: dict) -> None:
+    print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
+          f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}, {reference_text(s)}), "
+          f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
+          + (" [client fell behind]" if s["client_fell_behind"] else "")
+          + (_disturbed_text(s) if s.get("disturbed") else ""),
+          flush=True)
+
+
+def repeat_configs(cfg: DictConfig) -> list[DictConfig]:
+    """One config per repeat of a point (``repeats``): seeds seed, seed + 1, ... (the repeats of a
+    point share its ``point_id``)."""
+    configs = []
+    for repeat in range(cfg.repeats):
+        repeat_cfg = cfg.copy()
+        repeat_cfg.seed = int(cfg.seed) + repeat
+        configs.append(repeat_cfg)
+    return configs
+
+
+def repeat_part(repeat_cfg: DictConfig, repeat: int, share: float = 1.0) -> RunPart:
+    """The place in its job of a run of repeat ``repeat`` (a config of repeat_configs) that ends
+    ``share`` of the way through the repeat."""
+    extras = {"seed": int(repeat_cfg.seed)} if repeat_cfg.repeats > 1 else {}
+    return RunPart((repeat + share) / repeat_cfg.repeats, extras)
+
+
+def run_repeats(cfg: DictConfig, targets: LiveTarget) -> list[dict]:
+    """Measure every repeat of the config's point; return their summaries."""
+    return [run_point(repeat_cfg, targets, part=repeat_part(repeat_cfg, repeat))
+            for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
+
+
+def cpu_summary(report: CpuReport | None, virtual_time: bool) -> dict:
+    """The run's CPU report for its summary. On a virtual clock the results do not depend on the CPU the
+    engine got, so such a run is never ``disturbed`` (and never measured again for it)."""
+    if report is None:
+        return {"disturbed": None}
+    return {**report.as_summary(), "disturbed": report.disturbed and not virtual_time}
+
+
+def must_rerun(rerun: str, summary: dict) -> bool:
+    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again."""
+    disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed"))
+    return rerun == "all" or (rerun == "disturbed" and disturbed)
+
+
+def _read_summary(plan: RunPlan) -> dict:
+    return json.loads((plan.run_dir / "summary.json").read_text())
+
+
+def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
+              part: RunPart | None = None) -> dict:
+    """Measure one point (or read it back when complete); return its summary. ``rerun``: measure it
+    again as a run of its own (loadgen.sweep.plan.plan_run). ``part``: its place in the job, for the progress
+    line (loadgen.sweep.progress)."""
+    started, progress = time.monotonic(), current()
+    plan = plan_run(cfg, capacity_slo, rerun)
+    part = part or RunPart()
+    if rerun:
+        part = RunPart(part.done, {**part.extras, "rerun": 1})
+    point = {key: plan.params[key] for key in ("scheduler", "chunk_size", "qps") if plan.params[key] is not None}
+    if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
+        summary = _read_summary(plan)
+        _report("cached", plan, summary)
+        progress.run_ended(point, part, time.monotonic() - started, cached=True, summary=summary)
+        return summary
+    slo = resolve_slo(cfg, plan.exp_dir, targets)
+    target = targets.get(cfg, plan.exp_dir / ".logs")
+    specs = build_workload(section(cfg, "arrival"), section(cfg.workload, "lengths"), cfg.num_requests,
+                           cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
+                           tokenizer=workload_tokenizer(cfg))
+    desc = f"[{progress.position()}{progress.eta()}] {plan.run_id}"
+    with (CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share) as cpu,
+          tqdm(total=len(specs), desc=desc[:80], unit="req", leave=False, disable=None) as bar):
+        replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
+    if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
+        raise KeyboardInterrupt(f"{plan.run_id} was interrupted; nothing recorded")
+    if all(r.status == "error" for r in replay.records):
+        raise TargetError(f"all {len(replay.records)} requests of {plan.run_id} failed (the first: "
+                          f"{replay.records[0].error}); check the target (a server that died? its log is in "
+                          f"{plan.exp_dir / '.logs'}). Nothing recorded")
+    summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
+               **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
+                           slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
+               **pipeline_summary(replay.batches),
+               **cpu_summary(cpu.report, virtual_time=cfg.model.runner == "simulated" and cfg.model.clock == "virtual")}
+    with experiment_lock(plan.exp_dir):
+        if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
+            summary = _read_summary(plan)
+        else:
+            run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
+                                requests=replay.records, summary=summary, batches=replay.batches)
+            target.finalize(run_dir)
+        rebuild_experiment_summary(plan.exp_dir)
+    _report("done", plan, summary)
+    print(result_block(summary), flush=True)
+    progress.run_ended(point, part, time.monotonic() - started, cached=False, summary=summary)
+    return summary

@@ -1,0 +1,158 @@
+"""The SLO fields of a run's summary: an absolute TBT bound, or a multiple of a decode reference.
+
+The decode reference (``decode_iter_ms``) comes, in this order of preference, from
+* ``slo.reference_ms``: pinned by the user (method ``pinned``);
+* ``slo.reference_cost_model``: a committed cost model's predicted decode step of the probe's shape
+  (method ``cost_model``);
+* a decode-only probe on the run's target (method ``probe``). The probe is robust to a busy machine:
+  ``decode_probe.rounds`` bursts of short-prompt requests decode together, the reference is a low
+  quantile (``decode_probe.quantile``) of their decode steps, and it is measured twice. Two measurements
+  further apart than ``decode_probe.max_spread``, or an engine that got less than
+  ``min_engine_cpu_share`` of its CPU, make the attempt disturbed; up to ``decode_probe.attempts``
+  attempts are made. A clean reference is cached per model / target / probe shape in
+  ``exp_dir/.probes/``; a disturbed one is used for this run only, flagged, and never cached.
+
+The summary records ``slo_reference_method``, ``slo_reference_disturbed`` and ``slo_reference_spread``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from stallfree.engine.hydra_groups import cost_model_file
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.sweep.bench_config import digest, section
+from stallfree.loadgen.sweep.cpu_share import CpuMonitor
+from stallfree.loadgen.sweep.live_target import LiveTarget
+from stallfree.loadgen.sweep.run_errors import TargetError
+from stallfree.loadgen.targets.base import Target
+from stallfree.loadgen.workload.build import build_workload
+
+_probed_here: set[Path] = set()  # probe caches this process wrote (rerun=all measures each one once)
+
+
+@dataclass(frozen=True)
+class Reference:
+    decode_iter_ms: float
+    method: str  # pinned | cost_model | probe
+    disturbed: bool
+    spread: float | None = None  # |a - b| / min(a, b) of the probe's two measurements
+    measurements_ms: tuple[float, ...] = ()
+
+    def as_summary(self) -> dict:
+        return {"decode_iter_ms": self.decode_iter_ms, "slo_reference_method": self.method,
+                "slo_reference_disturbed": self.disturbed, "slo_reference_spread": self.spread}
+
+
+def decode_steps_ms(records: list[RequestRecord]) -> list[float]:
+    """The decode step times of a probe burst: every token gap when the server reported its token times;
+    from client times, which a network may bunch, each request's mean gap instead."""
+    steps: list[float] = []
+    for r in records:
+        if r.status != "ok":
+            continue
+        if r.server_token_times and len(r.server_token_times) > 1:
+            steps.extend(np.diff(r.server_token_times) * 1e3)
+        elif r.token_times and len(r.token_times) > 1:
+            steps.append((r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) * 1e3)
+    return steps
+
+
+def _measure(cfg: DictConfig, target: Target, seed: int, rounds: int) -> tuple[float, bool]:
+    """One measurement: a low quantile of the decode steps of ``rounds`` bursts; whether the engine
+    was starved of CPU meanwhile."""
+    p = cfg.decode_probe
+    lengths = {"kind": "fixed", "prompt": p.prompt_tokens, "output": p.output_tokens}
+    steps, errors = [], []
+    with CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share) as cpu:
+        for round_ in range(rounds):
+            specs = build_workload({"kind": "burst"}, lengths, p.num_seqs, seed + round_, target.vocab_size)
+            records = target.replay(specs, warmup=0, progress=None).records
+            steps += decode_steps_ms(records)
+            errors += [r.error for r in records if r.status != "ok"]
+    if not steps:
+        raise TargetError(f"the decode probe's requests all failed ({errors[0] if errors else 'no tokens'}); "
+                          "check that the target is up and serves the model, or pin slo.reference_ms")
+    return float(np.quantile(steps, p.quantile)), bool(cpu.report and cpu.report.disturbed)
+
+
+def probe_reference(cfg: DictConfig, target: Target) -> Reference:
+    """After a warm-up measurement, up to ``decode_probe.attempts`` attempts of two measurements each;
+    the first clean one, else the one whose measurements agree best, flagged disturbed."""
+    p, best = cfg.decode_probe, None
+    _measure(cfg, target, cfg.seed, rounds=1)  # a first burst of the probe's shape runs slow (allocation, kernel setup)
+    for attempt in range(p.attempts):
+        (a, starved_a), (b, starved_b) = (_measure(cfg, target, cfg.seed + 1000 * (2 * attempt + i), p.rounds)
+                                          for i in range(2))
+        spread = abs(a - b) / max(min(a, b), 1e-9)
+        reference = Reference((a + b) / 2, "probe", spread > p.max_spread or starved_a or starved_b,
+                              round(spread, 4), (round(a, 4), round(b, 4)))
+        if not reference.disturbed:
+            return reference
+        if best is None or reference.spread < best.spread:
+            best = reference
+    return best
+
+
+def cost_model_reference(cfg: DictConfig, path: str) -> Reference:
+    """The cost model's decode step of the probe's shape: num_seqs sequences halfway through their output."""
+    from stallfree.engine import CostModel
+
+    p = cfg.decode_probe
+    context = p.prompt_tokens + p.output_tokens // 2
+    c = CostModel.load(path).coefficients  # a decode-only step: no prefill features
+    seconds = c.get("intercept", 0.0) + c.get("num_decode_seqs", 0.0) * p.num_seqs \
+        + c.get("decode_context_tokens", 0.0) * p.num_seqs * context
+    return Reference(max(seconds, 0.0) * 1e3, "cost_model", False)
+
+
+def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Reference:
+    """The decode reference of the run (see the module docstring)."""
+    if cfg.slo.get("reference_ms") is not None:
+        return Reference(float(cfg.slo.reference_ms), "pinned", False)
+    if cfg.slo.get("reference_cost_model") is not None:
+        return cost_model_reference(cfg, cost_model_file(cfg.slo.reference_cost_model, "slo.reference_cost_model"))
+    key = {"model": section(cfg, "model"), "target": cfg.target.kind, "url": cfg.target.get("url"),
+           "probe": section(cfg, "decode_probe")}
+    path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
+    if path.is_file() and (cfg.get("rerun") != "all" or path in _probed_here):  # --force: probe once again
+        cached = json.loads(path.read_text())
+        if "method" in cached:  # a cache of the single-shot probe of earlier versions is measured again
+            return Reference(cached["decode_iter_ms"], cached["method"], False, cached["spread"],
+                             tuple(cached["measurements_ms"]))
+    reference = probe_reference(cfg, targets.get(cfg, exp_dir / ".logs"))
+    if reference.disturbed:
+        print(f"[slo] decode reference {reference.decode_iter_ms:.2f} ms is disturbed (measurements "
+              f"{reference.measurements_ms} ms): used for this run, not cached", flush=True)
+        return reference
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({**asdict(reference), **key}, indent=2) + "\n")
+    tmp.replace(path)
+    _probed_here.add(path)
+    return reference
+
+
+def resolve_slo(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> dict:
+    """SLO fields of the summary: slo_name, slo_tbt_ms (absolute, or tbt_multiple x the decode
+    reference) and how the reference was obtained."""
+    if cfg.slo.tbt_ms is not None:
+        return {"slo_name": cfg.slo.name, "slo_tbt_ms": float(cfg.slo.tbt_ms), "decode_iter_ms": None,
+                "slo_reference_method": "absolute", "slo_reference_disturbed": False, "slo_reference_spread": None}
+    reference = decode_reference(cfg, exp_dir, targets)
+    return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_multiple * reference.decode_iter_ms,
+            **reference.as_summary()}
+
+
+def reference_text(summary: dict) -> str:
+    """The reference an SLO used, for a result line: ``absolute``, ``probe 13.2 ms [disturbed]``, ..."""
+    method = summary.get("slo_reference_method")
+    if method in (None, "absolute"):
+        return "absolute"
+    disturbed = " [disturbed]" if summary.get("slo_reference_disturbed") else ""
+    return f"{method} {summary['decode_iter_ms']:.3g} ms{disturbed}"
