@@ -53,7 +53,7 @@ lint: setup
 
 # Regenerate the contract field tables of docs/*.md from the dataclasses (tests/docs checks them).
 docs: setup
-	$(BIN)/python -m tests.docs.fields --write
+	$(BIN)/python -m tests.helpers.doc_fields --write
 
 bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py

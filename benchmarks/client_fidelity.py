@@ -3,7 +3,7 @@
 builds its own (one ClientSession, a TCPConnector without a connection limit, the SSE stream read as it
 arrives), against the fake SSE server of the tests.
 
-The workload is that of tests/loadgen/test_openloop.py:test_open_loop_at_200_qps (2000 Poisson requests at 200 QPS, 8 output tokens, fake server TTFT 20 ms / TBT 5 ms), run with the
+The workload is that of tests/loadgen/openai_client/test_openloop.py:test_open_loop_at_200_qps (2000 Poisson requests at 200 QPS, 8 output tokens, fake server TTFT 20 ms / TBT 5 ms), run with the
 dispatcher under SCHED_FIFO (as the test; where allowed) and again under the default scheduling policy
 (as stallfree-bench runs it). Every trial is a fresh process; the clients alternate, trial by trial. Per
 trial: schedule lag (actual - intended send) p50 / p99 / max, median TTFT / TBT, the token timestamp
@@ -37,8 +37,8 @@ from stallfree.loadgen.openai_client.openloop import run_open_loop
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
-from stallfree.loadgen.workload.build import build_workload
-from tests.fakes.fake_sse_server import realtime_priority, running_fake_server
+from stallfree.loadgen.workload.generate import build_workload
+from tests.helpers.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 TTFT_MS, TBT_MS, QPS, NUM_REQUESTS, OUTPUT_TOKENS = 20.0, 5.0, 200, 2000, 8
 

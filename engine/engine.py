@@ -60,7 +60,7 @@ class LLMEngine:
             num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
             self.runner, self.clock = self.simulation.runner, VirtualClock()
         else:
-            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/memory.py).
+            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
             sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
             num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
             self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,

@@ -72,7 +72,7 @@ def check_model_group(model: Mapping) -> None:
     require(max_len is None or (is_int(max_len) and max_len >= 2), "model.max_model_len", "an integer >= 2 or null",
             max_len)
     kv = model.get("kv_memory_gib")
-    if model.get("deployment") is None:  # a deployment sizes its KV cache itself (engine/simulator/memory.py)
+    if model.get("deployment") is None:  # a deployment sizes its KV cache itself (engine/simulator/memory_plan.py)
         require(is_number(kv) and kv > 0, "model.kv_memory_gib", "a number > 0", kv)
     tokenizer = model.get("tokenizer")
     require(tokenizer is None or (isinstance(tokenizer, str) and bool(tokenizer)), "model.tokenizer",

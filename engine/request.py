@@ -4,12 +4,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from stallfree.engine.limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
+from stallfree.engine.request_limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
 
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling knobs; ``validate`` checks each against its range in ``stallfree.engine.limits``."""
+    """Per-request sampling knobs; ``validate`` checks each against its range in ``stallfree.engine.request_limits``."""
 
     max_tokens: int = 16
     temperature: float = 1.0  # below GREEDY_TEMPERATURE: greedy
@@ -20,7 +20,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
-        """Raise InvalidParam (a ValueError) naming the first field outside its range (engine.limits)."""
+        """Raise InvalidParam (a ValueError) naming the first field outside its range (engine.request_limits)."""
         for name in ("max_tokens", "temperature", "top_p", "top_k"):
             RANGES[name].check(name, getattr(self, name))
         if self.seed is not None:

@@ -160,3 +160,15 @@ def test_no_reference_outside_the_repository():
             if "DESIGN.md" in line or "../shared" in line:
                 offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:120]}")
     assert not offenders, "references to files outside the repository:\n" + "\n".join(offenders)
+
+
+def test_module_names_say_one_thing():
+    """No two modules of the packages share a file name (``__init__`` and the ``base`` of a registry
+    apart): a name such as ``runner`` or ``metrics`` must say which one it is."""
+    seen: dict[str, list[str]] = {}
+    for top in FOLDERS:
+        for path in (ROOT / top).rglob("*.py"):
+            if path.stem not in ("__init__", "base"):
+                seen.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not shared, f"module names used twice: {shared}"

@@ -2,7 +2,7 @@ import os
 import subprocess
 import time
 
-from tests.machine_stalls import machine_stalls
+from tests.helpers.machine_stalls import machine_stalls
 
 
 def test_a_stopped_process_is_a_stall():

@@ -13,7 +13,7 @@ from stallfree.engine.model.loader import load_model
 from stallfree.engine.runner.base import Runner
 from stallfree.engine.runner.clock import Clock, VirtualClock, WallClock
 from stallfree.engine.runner.cost_model import CostModel
-from stallfree.engine.runner.memory import Baseline, CudaMemoryProbe
+from stallfree.engine.runner.kv_sizing import Baseline, CudaMemoryProbe
 from stallfree.engine.runner.model_runner import ModelRunner
 from stallfree.engine.runner.profile import ProfiledEngine, profile_cost_model
 from stallfree.engine.runner.simulated import SimulatedRunner

@@ -11,7 +11,7 @@ from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.runner.cuda_graphs import DecodeGraphs, Graph, cuda_graph_factory
-from stallfree.engine.runner.memory import (
+from stallfree.engine.runner.kv_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     GIB,
     Baseline,
@@ -34,7 +34,7 @@ class ModelRunner:
     ``op_split_every``: time the linear layers and attention of every Nth iteration (``last_operator_split``;
     0: never).
 
-    ``num_blocks=None``: size the KV cache from measured device memory (``engine/runner/memory.py``), with
+    ``num_blocks=None``: size the KV cache from measured device memory (``engine/runner/kv_sizing.py``), with
     ``memory`` = the probe and its baseline taken before the weights were loaded, after a warm-up pass of
     ``max_num_batched_tokens`` tokens."""
 

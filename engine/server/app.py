@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.hydra_groups import is_int, is_number, require
-from stallfree.engine.limits import InvalidParam, short_repr
+from stallfree.engine.request_limits import InvalidParam, short_repr
 from stallfree.engine.server.generate import Generation
 from stallfree.engine.server.history import BatchHistory
 from stallfree.engine.server.http import (
@@ -141,7 +141,7 @@ class ServerState:
                                 top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
                                 stop_token_ids=body.stop_token_ids or [])
             try:
-                sp.validate()  # the schema checked the same ranges (engine.limits): this never raises
+                sp.validate()  # the schema checked the same ranges (engine.request_limits): this never raises
             except InvalidParam as exc:
                 raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
             params.append(sp)

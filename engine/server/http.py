@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stallfree.engine.limits import SIZES
+from stallfree.engine.request_limits import SIZES
 from stallfree.engine.server.protocol import APIError
 
 logger = logging.getLogger("stallfree.server")

@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
 
 from stallfree.engine import first_lone_surrogate
-from stallfree.engine.limits import RANGES, SIZES, short_repr
+from stallfree.engine.request_limits import RANGES, SIZES, short_repr
 
 MAX_PROMPTS_PER_REQUEST = SIZES["prompt"].max_items
 MAX_STOP_STRINGS = SIZES["stop"].max_items
@@ -27,7 +27,7 @@ MAX_STOP_STRING_CHARS = SIZES["stop_string"].max_items
 
 
 def bounded(kind: type, name: str) -> Any:
-    """``kind`` (int or float), checked against ``stallfree.engine.limits.RANGES[name]`` (a 400 naming the field)."""
+    """``kind`` (int or float), checked against ``stallfree.engine.request_limits.RANGES[name]`` (a 400 naming the field)."""
     limit = RANGES[name]
 
     def in_range(value: int | float) -> int | float:

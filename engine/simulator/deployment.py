@@ -28,7 +28,7 @@ class Deployment:
     pp: int = 1  # pipeline-parallel degree: stages, each a contiguous run of layers
     interconnect: str = "nvlink"  # nvlink (A100/H100/H200 pairs, DGX) | pcie (A40)
     gpu_memory_utilization: float = 0.9  # fraction of each GPU's memory the engine may use (vLLM's default)
-    activation_reserve_gib: float | None = None  # per GPU, for activations; None: engine.simulator.memory estimates it
+    activation_reserve_gib: float | None = None  # per GPU, for activations; None: engine.simulator.memory_plan estimates it
     max_batch_size: int = 128  # requests in one batch at most (vLLM's max_num_seqs; the paper also uses 32, 64)
     dtype_bytes: int = 2  # bf16/fp16 weights and KV cache
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stallfree.engine.utilization.limits import MachineLimits, machine_limits
+from stallfree.engine.utilization.machine_limits import MachineLimits, machine_limits
 from stallfree.engine.utilization.op_split import OperatorSplit, SplitSampler
 from stallfree.engine.utilization.work import IterationWork, ModelCounts
 

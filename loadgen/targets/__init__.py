@@ -1,15 +1,19 @@
 """Where a run replays its workload, one class per ``target.kind`` (conf/target/<kind>.yaml), each
-implementing loadgen.targets.base.Target. None of them imports torch until it is made."""
+implementing stallfree.loadgen.targets.base.Target. A kind's module is imported when the kind is used: none
+imports torch until it is made, and the Locust target (loadgen/locust/target.py) can import this
+package's protocol without a cycle."""
 from __future__ import annotations
 
-from stallfree.engine.hydra_groups import require
-from stallfree.loadgen.locust.target import LocustTarget
-from stallfree.loadgen.targets.base import Replay, Target, TargetClass
-from stallfree.loadgen.targets.inprocess import InProcessTarget
-from stallfree.loadgen.targets.openai_server import HttpTarget, UrlTarget
+import importlib
 
-TARGETS: dict[str, TargetClass] = {
-    "inprocess": InProcessTarget, "http": HttpTarget, "url": UrlTarget, "locust": LocustTarget,
+from stallfree.engine.hydra_groups import require
+from stallfree.loadgen.targets.base import Replay, Target, TargetClass
+
+TARGETS: dict[str, str] = {  # kind -> "module:class"
+    "inprocess": "stallfree.loadgen.targets.inprocess:InProcessTarget",
+    "http": "stallfree.loadgen.targets.openai_server:HttpTarget",
+    "url": "stallfree.loadgen.targets.openai_server:UrlTarget",
+    "locust": "stallfree.loadgen.locust.target:LocustTarget",
 }
 
 __all__ = ["TARGETS", "Replay", "Target", "TargetClass", "target_class"]
@@ -17,4 +21,5 @@ __all__ = ["TARGETS", "Replay", "Target", "TargetClass", "target_class"]
 
 def target_class(kind: str) -> TargetClass:
     require(kind in TARGETS, "target.kind", f"one of {sorted(TARGETS)}", kind)
-    return TARGETS[kind]
+    module, name = TARGETS[kind].split(":")
+    return getattr(importlib.import_module(module), name)

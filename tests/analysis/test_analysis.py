@@ -1,5 +1,5 @@
 """analysis/: Pareto and capacity math on constructed data; loading, notebooks and the report on the
-SYNTHETIC results set of tests/fakes/synthetic_results.py (a stand-in until an end-to-end `tiny` sweep)."""
+SYNTHETIC results set of tests/helpers/fakes/synthetic_results.py (a stand-in until an end-to-end `tiny` sweep)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from stallfree.analysis import capacity, load, pareto, report, stalls
-from tests.analysis.notebooks import FIGURES, check_executed_notebook
-from tests.fakes.synthetic_results import write_synthetic_results
+from tests.helpers.fakes.synthetic_results import write_synthetic_results
+from tests.helpers.notebooks import FIGURES, check_executed_notebook
 
 
 def _runs(rows: list[tuple]) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from stallfree.analysis import phases
 from stallfree.analysis.report import build_report
 from stallfree.loadgen.studies.table import COLUMNS, RUN_COLUMNS
-from tests.analysis.notebooks import check_executed_notebook
+from tests.helpers.notebooks import check_executed_notebook
 
 RUN = {"model": "hand", "device": "test cpu", "dtype": "bfloat16", "peak_flops": 1e12, "bandwidth": 1e10}
 

@@ -1,9 +1,9 @@
 """The docs say what the code does: every file and symbol they (and the source comments) name exists,
-and the contract field tables equal their dataclasses (tests/docs/fields.py regenerates them)."""
+and the contract field tables equal their dataclasses (tests/helpers/doc_fields.py regenerates them)."""
 from __future__ import annotations
 
-from tests.docs.fields import ROOT, field_rows, stale_tables
-from tests.docs.references import broken_references, comments, symbol_exists
+from tests.helpers.doc_fields import ROOT, field_rows, stale_tables
+from tests.helpers.doc_references import broken_references, comments, symbol_exists
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SOURCE_TOPS = ("engine", "loadgen", "analysis", "benchmarks", "tests")
@@ -26,7 +26,7 @@ def test_source_comments_name_only_existing_files_and_symbols():
 
 def test_contract_field_tables_match_the_dataclasses():
     stale = stale_tables(sorted((ROOT / "docs").glob("*.md")))
-    assert not stale, "stale field tables (python -m tests.docs.fields --write):\n" + "\n".join(stale)
+    assert not stale, "stale field tables (python -m tests.helpers.doc_fields --write):\n" + "\n".join(stale)
 
 
 def test_the_checks_catch_drift(tmp_path):

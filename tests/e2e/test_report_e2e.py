@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.analysis import report
-from tests.analysis.notebooks import FIGURES, check_executed_notebook
+from tests.helpers.notebooks import FIGURES, check_executed_notebook
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 

@@ -5,7 +5,7 @@ import torch
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.attention.native import load_cpu_kernels
 from stallfree.engine.model import loader
-from tests.engine.helpers import make_prompts, run_staggered
+from tests.helpers.engine import make_prompts, run_staggered
 
 MAX_TOKENS = 12
 POLICY_CASES = [("vllm", 512), ("orca", 512), ("faster_transformer", 512)] + [

@@ -1,0 +1,128 @@
+"""Machine limits: the peak matmul FLOP/s and the memory bandwidth of a device in a dtype, measured once per
+machine and cached (``<cache>/machine_limits.json``, keyed by the device, its threads and the dtype).
+
+Both are the best of several trials: a limit is a maximum, and a shared machine's noise only ever lowers a
+trial. The matmul peak is the better of PyTorch's default matmul and, where the engine uses it, oneDNN with a
+packed weight (engine/model/packed_linear.py); the bandwidth is a large copy (read + write) divided by its
+time. ``benchmarks/engine_throughput.py`` and ``benchmarks/gpu.py`` measure with these functions and refresh
+the cache.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from stallfree.engine.device import cpu_description
+from stallfree.engine.model.packed_linear import PackedLinear, can_pack
+from stallfree.engine.model.presets import cache_root
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class MachineLimits:
+    device: str  # what was measured: the CPU model and threads, or the GPU's name
+    dtype: str
+    peak_flops: float  # matmul FLOP/s
+    bandwidth: float  # memory bytes/s
+    source: str  # "measured YYYY-MM-DD", or "published" (a simulated deployment's GPU)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_rate(work: float, fn: Callable[[], object], trials: int = 5, repeats: int = 5,
+              clock: Callable[[], float] = time.perf_counter, device: torch.device = CPU) -> float:
+    """``work`` units per second of ``fn``, the best of ``trials`` trials of ``repeats`` calls (after one
+    warm-up call)."""
+    fn()
+    best = 0.0
+    for _ in range(trials):
+        _sync(device)
+        start = clock()
+        for _ in range(repeats):
+            fn()
+        _sync(device)
+        best = max(best, work * repeats / (clock() - start))
+    return best
+
+
+def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int | None = None,
+                         clock: Callable[[], float] = time.perf_counter) -> float:
+    n = n or (8192 if device.type == "cuda" else 2048)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    best = best_rate(2 * n**3, lambda: a @ b, clock=clock, device=device)
+    if can_pack(device, dtype):
+        packed = PackedLinear(torch.nn.Linear(n, n, bias=False, dtype=dtype))
+        best = max(best, best_rate(2 * n**3, lambda: packed(a), clock=clock))
+    return best
+
+
+def measure_bandwidth(device: torch.device = CPU, num_bytes: int = 1 << 30) -> float:
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return best_rate(2 * num_bytes, lambda: dst.copy_(src), repeats=2, device=device)  # read + write
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_description()}, {torch.get_num_threads()} threads"
+
+
+def measure(device: torch.device, dtype: torch.dtype) -> MachineLimits:
+    return MachineLimits(device_description(device), str(dtype).removeprefix("torch."),
+                         measure_matmul_flops(dtype, device), measure_bandwidth(device),
+                         f"measured {datetime.date.today().isoformat()}")
+
+
+def cache_path() -> Path:
+    return cache_root() / "machine_limits.json"
+
+
+def machine_limits(device: torch.device, dtype: torch.dtype, *, refresh: bool = False) -> MachineLimits:
+    """This machine's limits for ``device`` and ``dtype``: from the cache, or measured (a few seconds) and
+    cached. ``refresh``: measure again and replace the cached figures."""
+    key = f"{device_description(device)} | {str(dtype).removeprefix('torch.')}"
+    path = cache_path()
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if key in cached and not refresh:
+        return MachineLimits(**cached[key])
+    limits = measure(device, dtype)
+    cached = json.loads(path.read_text()) if path.is_file() else {}  # another process may have written meanwhile
+    cached[key] = asdict(limits)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(cached, indent=2) + "\n")
+    tmp.replace(path)
+    return limits
+
+
+def main() -> None:
+    """``python -m stallfree.engine.utilization.machine_limits [--refresh] [--dtype bfloat16] [--device cpu]``: print the limits."""
+    import argparse
+
+    from stallfree.engine.device import resolve_device, resolve_dtype
+
+    ap = argparse.ArgumentParser(description="This machine's matmul peak and memory bandwidth (cached).")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--refresh", action="store_true", help="measure again (on a quiet machine)")
+    args = ap.parse_args()
+    device = resolve_device(args.device)
+    limits = machine_limits(device, resolve_dtype(args.dtype, device), refresh=args.refresh)
+    print(f"{limits.device} {limits.dtype}: {limits.peak_flops / 1e12:.3f} TFLOP/s, {limits.bandwidth / 1e9:.1f} GB/s "
+          f"({limits.source}; cached in {cache_path()})")
+
+
+if __name__ == "__main__":
+    main()

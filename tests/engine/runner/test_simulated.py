@@ -1,0 +1,189 @@
+"""SimulatedRunner: the real schedulers and KV accounting with iteration times from a fitted cost model."""
+import random
+import time
+
+import pytest
+
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.runner.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
+from tests.helpers.engine import FIXED
+
+
+def record(prefill: int, decodes: int, work: int, context: int, seconds: float) -> BatchRecord:
+    return BatchRecord(iteration=0, start_time=10.0, end_time=10.0 + seconds, num_prefill_tokens=prefill,
+                       num_decode_tokens=decodes, num_prefill_seqs=int(prefill > 0), num_decode_seqs=decodes,
+                       prefill_attention_work=work, decode_context_tokens=context, num_preemptions=0,
+                       num_kv_blocks_used=0, num_waiting=0, num_running=0)
+
+
+def predicted(model: CostModel, r: BatchRecord) -> float:
+    return model.predict(IterationFeatures.of(r))
+
+
+def random_shapes(n: int, seed: int) -> list[tuple[int, int, int, int]]:
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(n):
+        prefill, decodes = rng.randrange(0, 512), rng.randrange(0, 64)
+        shapes.append((prefill, decodes, prefill * rng.randrange(prefill, 2048) if prefill else 0,
+                       decodes * rng.randrange(16, 1024)))
+    return shapes
+
+
+def test_fit_recovers_a_linear_cost_model_and_reports_its_held_out_error():
+    shapes = random_shapes(80, seed=0)
+    fitted = CostModel.fit([record(*s, predicted(FIXED, record(*s, 0))) for s in shapes], fitted_on={"model": "x"})
+    for name, value in FIXED.coefficients.items():
+        assert fitted.coefficients[name] == pytest.approx(value, rel=1e-6)
+    assert fitted.holdout_error["median_abs_pct"] < 1e-6 and fitted.holdout_error["num_iterations"] == 16
+    assert all(q == pytest.approx([1.0] * len(q)) for q in fitted.residual_quantiles)
+    assert fitted.fitted_on["model"] == "x" and fitted.fitted_on["num_records"] == 80
+
+
+def test_residuals_replay_the_spread_of_real_iterations():
+    """Iterations 20% slower one time in ten: the fit keeps that tail and the simulator draws it."""
+    shapes = random_shapes(200, seed=1)
+    records = [record(*s, predicted(FIXED, record(*s, 0)) * (1.2 if i % 10 == 0 else 1.0))
+               for i, s in enumerate(shapes)]
+    fitted = CostModel.fit(records)
+    ratios = [fitted.sample(IterationFeatures(100, 8, 100 * 300, 8 * 300), random.Random(i))
+              / fitted.predict(IterationFeatures(100, 8, 100 * 300, 8 * 300)) for i in range(2000)]
+    slow = sum(r > 1.1 for r in ratios) / len(ratios)
+    assert 0.04 < slow < 0.2 and max(ratios) / min(ratios) == pytest.approx(1.2, rel=0.05)
+
+
+def test_residual_spread_follows_the_iteration_length():
+    """Short iterations that vary by +-30% and long ones that do not: the long ones' simulated time must not
+    take the short ones' spread."""
+    base = [(s, predicted(FIXED, record(*s, 0))) for s in random_shapes(300, seed=2)]
+    median = sorted(t for _, t in base)[len(base) // 2]
+    records = [record(*s, t * (1 + (0.3 if i % 2 else -0.3) * (t < median))) for i, (s, t) in enumerate(base)]
+    fitted = CostModel.fit(records)
+    assert len(fitted.residual_quantiles) == 3 and len(fitted.residual_bounds_s) == 2
+
+    def spread(features: IterationFeatures) -> float:
+        draws = [fitted.sample(features, random.Random(i)) for i in range(500)]
+        return (max(draws) - min(draws)) / fitted.predict(features)
+
+    assert spread(IterationFeatures(500, 60, 500 * 2000, 60 * 1000)) < 0.1
+    assert spread(IterationFeatures(0, 2, 0, 2 * 16)) > 0.4
+
+
+def test_a_flat_residual_list_is_one_bucket():
+    model = CostModel(coefficients={"intercept": 0.01}, residual_quantiles=[0.5, 1.5])
+    draws = {model.sample(IterationFeatures(0, 1, 0, 1), random.Random(i)) for i in range(50)}
+    assert draws == {0.005, 0.015}
+
+
+def test_fit_never_gives_a_negative_per_unit_cost():
+    """Times that fall with decodes (noise on an overhead-bound model) must not make decodes free or
+    negative-cost in the simulation: that feature is dropped instead."""
+    records = [record(p, d, p * p, d * 100, 0.002 + 1e-5 * p - 1e-4 * d) for p in (0, 100, 200) for d in (0, 4, 8)]
+    fitted = CostModel.fit(records * 2)
+    assert fitted.coefficients["num_decode_seqs"] == 0.0 and fitted.coefficients["num_prefill_tokens"] > 0
+    assert all(fitted.coefficients[name] >= 0 for name in fitted.coefficients if name != "intercept")
+    with pytest.raises(ValueError, match="at least"):
+        CostModel.fit(records[:2])
+
+
+def test_an_old_cost_model_file_is_refused_with_a_clear_error(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text('{"coefficients": {"num_kv_blocks_used": 1e-5}}')
+    with pytest.raises(ValueError, match="model.cost_model.*stallfree-profile"):
+        CostModel.load(path)
+
+
+def test_a_profile_of_an_older_engine_loads_with_a_warning_naming_it(tmp_path, caplog):
+    records = [record(*s, predicted(FIXED, record(*s, 0))) for s in random_shapes(40, seed=1)]
+    CostModel.fit(records, fitted_on={"engine_revision": ENGINE_REVISION}).save(tmp_path / "current.json")
+    CostModel.fit(records, fitted_on={}).save(tmp_path / "old.json")  # before revisions were recorded
+    with caplog.at_level("WARNING", logger="stallfree.engine.runner.cost_model"):
+        CostModel.load(tmp_path / "current.json")
+        assert not caplog.text
+        CostModel.load(tmp_path / "old.json")
+    assert f"old.json was profiled on engine revision 1, this engine is revision {ENGINE_REVISION}" in caplog.text
+
+
+@pytest.fixture
+def fixed_cost_model(tmp_path):
+    path = tmp_path / "cost.json"
+    FIXED.save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "faster_transformer"])
+def test_virtual_clock_replays_thousands_of_requests_in_seconds(policy, fixed_cost_model):
+    engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual", cost_model=fixed_cost_model,
+                                   scheduler=policy, chunk_size=128, kv_memory_gib=0.02)
+    rng = random.Random(1)
+    max_tokens = {}
+    for i in range(1000):
+        max_tokens[f"r{i}"] = rng.randint(1, 40)
+        engine.add_request([rng.randrange(3, 2000) for _ in range(rng.randint(1, 300))],
+                           SamplingParams(max_tokens=max_tokens[f"r{i}"]), request_id=f"r{i}",
+                           arrival_time=0.05 * i)  # 20 QPS of simulated time
+    finished = {}
+    wall = time.monotonic()
+    while engine.has_unfinished():
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+    assert time.monotonic() - wall < 60
+    # Every request ran to its max_tokens (the simulator never samples EOS), after it arrived.
+    assert {rid: len(o.token_ids) for rid, o in finished.items()} == max_tokens
+    assert all(o.metrics.first_scheduled_time >= o.metrics.arrival_time for o in finished.values())
+    assert engine.clock() >= 0.05 * 999
+    # Each iteration took exactly what the cost model predicts for it.
+    for r in engine.batch_records[:200]:
+        assert r.end_time - r.start_time == pytest.approx(predicted(FIXED, r), abs=0.002)
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_profiling_fits_the_real_runner_once(monkeypatch):
+    engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
+    cost = engine.runner.cost_model
+    assert cost.coefficients["num_prefill_tokens"] > 0  # prefill tokens cost time on the real runner
+    assert cost.fitted_on["model"] == "tiny" and cost.holdout_error["num_iterations"] > 0
+
+    def no_refit(*args, **kwargs):
+        raise AssertionError("profiled again")
+
+    monkeypatch.setattr(CostModel, "fit", no_refit)
+    again = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
+    assert again.runner.cost_model == cost  # read back from the cache, not profiled again
+
+
+def test_profile_requests_sample_as_the_load_generator_does(monkeypatch):
+    """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay."""
+    from stallfree.engine.runner.profile import profile_cost_model
+
+    added: list[SamplingParams] = []
+    real_add = LLMEngine.add_request
+
+    def recording_add(self, prompt, params=None, **kwargs):
+        added.append(params)
+        return real_add(self, prompt, params, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "add_request", recording_add)
+    config = LLMEngine.from_kwargs(model="tiny").config
+    profile_cost_model(config, LLMEngine, num_requests=3, use_cache=False)
+    assert len(added) == 9 and all(p.greedy and p.ignore_eos for p in added)
+
+
+def test_real_clock_sleeps_the_predicted_time(fixed_cost_model):
+    engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", cost_model=fixed_cost_model)
+    engine.add_request([5] * 100, SamplingParams(max_tokens=3))
+    start = time.time()
+    while engine.has_unfinished():
+        engine.step()
+    assert time.time() - start >= sum(predicted(FIXED, r) for r in engine.batch_records)
+    assert engine.batch_records[0].start_time >= start  # wall-clock timestamps
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(runner="gpu"), "model.runner"),
+    (dict(runner="simulated", clock="sundial"), "model.clock"),
+    (dict(runner="simulated", cost_model="/nonexistent/cost.json"), "model.cost_model"),
+])
+def test_bad_simulator_settings_name_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLMEngine.from_kwargs(model="tiny", **kwargs)

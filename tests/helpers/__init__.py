@@ -1,0 +1,1 @@
+"""What tests share: builders, fakes (named so) and checks; no tests here."""

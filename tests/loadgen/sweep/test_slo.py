@@ -1,0 +1,103 @@
+"""The SLO's decode reference: pinned, from a cost model, or probed robustly (a low quantile, two
+measurements that must agree, a disturbed reference flagged and never cached)."""
+
+from hydra import compose, initialize_config_dir
+
+from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.loadgen.sweep.slo import decode_steps_ms, resolve_slo
+from stallfree.loadgen.targets.base import Replay
+from tests.helpers.paths import ROOT
+
+COST_MODEL = ROOT / "engine" / "runner" / "cost_models" / "small-cpu.json"
+
+
+def config(*overrides: str):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("bench", ["model=tiny", *overrides])
+
+
+class StepTarget:
+    """A stand-in target (the probe's arithmetic is under test, not an engine): every burst decodes at
+    the next of ``step_ms``, with one slow outlier step per request."""
+
+    vocab_size, engine_pid = 2048, None
+
+    def __init__(self, step_ms: list[float]):
+        self.step_ms, self.bursts = list(step_ms), 0
+
+    def replay(self, specs, *, warmup, progress):
+        step = self.step_ms[min(self.bursts, len(self.step_ms) - 1)] / 1e3
+        self.bursts += 1
+        records = []
+        for spec in specs:
+            record = RequestRecord.unsent(spec, intended_send_time=0.0, is_warmup=False)
+            record.mark_sent(0.0)
+            times = [i * step for i in range(spec.max_tokens)]
+            times[-1] += 50 * step  # an outlier: the low quantile ignores it
+            record.server_token_times = times
+            record.end("ok", None, times[-1])
+            records.append(record)
+        return Replay(records, None)
+
+
+class Targets:
+    def __init__(self, target):
+        self.target, self.gets = target, 0
+
+    def get(self, cfg, log_dir):
+        self.gets += 1
+        return self.target
+
+
+def test_client_times_give_each_requests_mean_gap():
+    record = RequestRecord(request_id="r", status="ok", error=None, is_warmup=False, prompt_tokens=1, max_tokens=3,
+                           output_tokens=3, intended_send_time=0.0, send_time=0.0, first_token_time=0.0,
+                           finish_time=0.01, token_times=[0.0, 0.0, 0.010])  # the first two tokens came bunched
+    assert decode_steps_ms([record]) == [5.0]
+
+
+def test_a_clean_probe_is_cached_with_its_method(tmp_path):
+    cfg = config("slo=relaxed")
+    targets = Targets(StepTarget([10.0]))
+    slo = resolve_slo(cfg, tmp_path, targets)
+    assert abs(slo["decode_iter_ms"] - 10.0) < 1e-6 and abs(slo["slo_tbt_ms"] - 250.0) < 1e-4
+    assert slo["slo_reference_method"] == "probe" and slo["slo_reference_disturbed"] is False
+    bursts = targets.target.bursts
+    assert bursts == 1 + 2 * cfg.decode_probe.rounds  # a warm-up, then two measurements
+    assert resolve_slo(cfg, tmp_path, targets) == slo and targets.target.bursts == bursts  # cached
+
+
+def test_measurements_that_disagree_are_retried_then_flagged_and_not_cached(tmp_path):
+    cfg = config("decode_probe.rounds=1", "decode_probe.attempts=2")
+    # warm-up, then attempts (10, 20) and (10, 30): neither within max_spread
+    slo = resolve_slo(cfg, tmp_path, Targets(StepTarget([99.0, 10.0, 20.0, 10.0, 30.0])))
+    assert slo["slo_reference_disturbed"] is True and abs(slo["decode_iter_ms"] - 15.0) < 1e-6
+    assert slo["slo_reference_spread"] == 1.0
+    assert not list((tmp_path / ".probes").glob("*.json"))
+    # the next run measures again; an attempt that agrees is kept and cached
+    slo = resolve_slo(cfg, tmp_path, Targets(StepTarget([99.0, 10.0, 10.5])))
+    assert slo["slo_reference_disturbed"] is False and len(list((tmp_path / ".probes").glob("*.json"))) == 1
+
+
+def test_a_pinned_or_modelled_reference_runs_no_probe(tmp_path):
+    targets = Targets(StepTarget([10.0]))
+    pinned = resolve_slo(config("slo=strict", "slo.reference_ms=20"), tmp_path, targets)
+    assert (pinned["slo_tbt_ms"], pinned["slo_reference_method"]) == (100.0, "pinned")
+    modelled = resolve_slo(config(f"slo.reference_cost_model={COST_MODEL}"), tmp_path, targets)
+    assert modelled["slo_reference_method"] == "cost_model" and 1 < modelled["decode_iter_ms"] < 1000
+    assert targets.gets == 0
+    absolute = resolve_slo(config("slo.tbt_ms=300"), tmp_path, targets)
+    assert (absolute["slo_tbt_ms"], absolute["slo_reference_method"]) == (300.0, "absolute")
+
+
+def test_a_running_server_is_labelled_by_its_model_id_or_label_not_bench_defaults():
+    from stallfree.engine.server import start_server
+    from stallfree.loadgen.sweep.plan import plan_run
+
+    with start_server({"model": "tiny", "dtype": "float32"}) as server:
+        plan = plan_run(config("target=url", f"target.url={server.url}", "scheduler=sarathi", "chunk_size=512"))
+        assert (plan.params["scheduler"], plan.params["chunk_size"]) == ("tiny", None)
+        assert plan.run_id.startswith("scheduler=tiny,chunk_size=None,qps=1.0")
+        labelled = plan_run(config("target=url", f"target.url={server.url}", "target.label=vllm-0.6"))
+        assert labelled.params["scheduler"] == "vllm-0.6"

@@ -1,0 +1,65 @@
+"""The target registry (one class per conf/target/<kind>.yaml, each a Target) and the in-process
+replay, which reads the engine only through its public outputs."""
+import inspect
+
+import pytest
+
+from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
+from stallfree.loadgen.targets import TARGETS, Target, target_class
+from stallfree.loadgen.targets.inprocess import TIMEOUT_ERROR, replay
+from stallfree.loadgen.workload.generate import build_workload
+from tests.helpers.paths import ROOT
+
+KINDS = sorted(p.stem for p in (CONF_DIR / "target").glob("*.yaml"))
+
+
+def test_every_target_config_has_a_class():
+    assert KINDS == sorted(TARGETS) == ["http", "inprocess", "locust", "url"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_target_class_implements_the_protocol(kind):
+    cls = target_class(kind)
+    for method in ("replay", "finalize", "close"):
+        assert callable(getattr(cls, method, None)), f"{cls.__name__}.{method}"
+        protocol = inspect.signature(getattr(Target, method))
+        assert list(inspect.signature(getattr(cls, method)).parameters) == list(protocol.parameters)
+    assert list(inspect.signature(cls).parameters) == ["cfg", "log_dir"]
+
+
+def test_unknown_kind_is_a_config_error():
+    with pytest.raises(ConfigError, match="target.kind must be one of"):
+        target_class("carrier-pigeon")
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    from stallfree.engine import LLMEngine
+
+    return LLMEngine.from_kwargs(model="tiny", dtype="float32")
+
+
+def test_inprocess_replay_records_ok_and_timed_out_requests(tiny_engine, tmp_path):
+    specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 16, "output": 8}, 2, 0, 1000)
+    seen = []
+    done = replay(tiny_engine, specs, warmup=1, progress=seen.append)
+    assert [(r.status, r.is_warmup, r.output_tokens) for r in done.records] == [("ok", True, 8), ("ok", False, 8)]
+    assert sorted(r.request_id for r in seen) == [s.request_id for s in specs]
+    for r in done.records:
+        assert r.first_token_time == r.token_times[0] and r.finish_time == r.server_finish_time >= r.token_times[-1]
+        assert r.server_token_times == r.token_times and r.num_preemptions == 0
+    assert len(done.batches) >= 8 and not tiny_engine.has_unfinished()
+
+    long = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 16, "output": 200}, 2, 1, 1000)
+    timed_out = replay(tiny_engine, long, timeout_s=0.0).records
+    assert [(r.status, r.error) for r in timed_out] == [("timeout", TIMEOUT_ERROR)] * 2
+    assert all(0 < r.output_tokens < 200 and r.finish_time >= r.send_time for r in timed_out)
+    assert not tiny_engine.has_unfinished()
+
+
+def test_targets_package_does_not_load_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, loadgen.sweep.bench, loadgen.targets; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,79 @@
+"""Text workloads (loadgen.workload.text_prompts) on the sample files in tests/data/, counted with the tiny
+preset's tokenizer."""
+from __future__ import annotations
+
+import pytest
+
+from stallfree.engine import resolve_model_path
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.text_prompts import chat_token_ids, load_tokenizer
+from tests.helpers.paths import DATA
+
+POISSON = {"kind": "poisson", "qps": 2.0}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(str(resolve_model_path("tiny")))
+
+
+def _build(lengths: dict, n: int, tokenizer, max_total_tokens: int | None = 512, seed: int = 0):
+    return build_workload(POISSON, lengths, n, seed, 1000, max_total_tokens, tokenizer=tokenizer)
+
+
+def test_sharegpt_first_turn_prompt_and_reply_length(tokenizer):
+    specs = _build({"kind": "sharegpt", "path": str(DATA / "sharegpt_sample.json"), "shuffle": False}, 3,
+                   tokenizer)
+    assert [s.prompt for s in specs] == ["What is the capital of France?", "Name three primary colors.",
+                                         "Write a haiku about the sea."]  # the one-turn conversation is skipped
+    assert specs[1].max_tokens == len(tokenizer.encode("Red, yellow and blue.", add_special_tokens=False))
+    assert specs[0].prompt_token_ids == tokenizer.encode(specs[0].prompt)
+    assert specs[0].messages is None
+
+
+def test_sharegpt_shuffle_follows_the_seed_and_skips_requests_over_the_limit(tokenizer):
+    lengths = {"kind": "sharegpt", "path": str(DATA / "sharegpt_sample.json")}
+    orders = [[s.prompt for s in _build(lengths, 3, tokenizer, seed=seed)] for seed in (0, 0, 1, 2, 3)]
+    assert orders[0] == orders[1] and len({tuple(o) for o in orders}) > 1
+    longest = max(orders[0], key=lambda p: len(tokenizer.encode(p)))
+    with pytest.raises(ConfigError, match="num_requests"):
+        _build(lengths, 3, tokenizer, max_total_tokens=len(tokenizer.encode(longest)))
+
+
+def test_jsonl_prompts_and_messages(tokenizer):
+    specs = _build({"kind": "jsonl", "path": str(DATA / "requests_sample.jsonl")}, 3, tokenizer)
+    assert [s.max_tokens for s in specs] == [12, 8, 5]
+    assert specs[0].prompt.startswith("Summarize") and specs[0].messages is None
+    assert specs[1].prompt is None and specs[1].messages[1]["content"] == "Why is the sky blue?"
+    assert specs[1].prompt_token_ids == chat_token_ids(tokenizer, specs[1].messages)
+
+
+def test_jsonl_bad_line_names_the_key(tmp_path, tokenizer):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n')
+    with pytest.raises(ConfigError, match="lengths.path must be lines with an integer max_tokens"):
+        _build({"kind": "jsonl", "path": str(bad)}, 1, tokenizer)
+    with pytest.raises(ConfigError, match="lengths.path must be an existing file"):
+        _build({"kind": "jsonl", "path": str(tmp_path / "none.jsonl")}, 1, tokenizer)
+
+
+def test_sonnet_prompts_near_the_target_length_with_a_shared_prefix(tokenizer):
+    specs = _build({"kind": "sonnet", "input_len": 200, "prefix_len": 60, "output_len": 16}, 4, tokenizer)
+    lengths = [len(s.prompt_token_ids) for s in specs]
+    assert all(150 <= n <= 250 for n in lengths), lengths
+    assert all(s.max_tokens == 16 for s in specs)
+    prefix = "Pick as many lines as you can from these poem lines:\nFrom fairest creatures we desire increase,\n"
+    assert all(s.prompt.startswith(prefix) for s in specs)
+    assert len({s.prompt for s in specs}) == 4
+
+
+def test_text_workload_needs_a_tokenizer():
+    with pytest.raises(ConfigError, match="tokenizer"):
+        build_workload(POISSON, {"kind": "sonnet"}, 2, 0, 1000)
+
+
+def test_sonnet_prompts_over_the_limit_end_in_an_error_not_a_hang(tokenizer):
+    with pytest.raises(ConfigError, match="num_requests"):
+        _build({"kind": "sonnet", "input_len": 200, "prefix_len": 60, "output_len": 16}, 2, tokenizer,
+               max_total_tokens=100)
