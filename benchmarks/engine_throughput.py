@@ -3,7 +3,7 @@
 32 requests x 512 prompt / 128 output tokens (ignore_eos) on preset ``small`` by default. Also reports
 decode step time at batch 1 and 32, prefill tokens/s of a 512-token chunk, and each as a fraction of
 this machine's measured limits (matmul FLOP/s in the run's dtype; weight bytes / memory bandwidth), which
-it also caches for the engine's MFU / MBU (engine/utilization/machine_limits.py).
+it also caches for the engine's MFU / MBU (engine/utilization/measured_limits.py).
 
     python benchmarks/engine_throughput.py [--model small] [--out benchmarks/results/engine_throughput.json]
 """

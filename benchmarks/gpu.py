@@ -35,7 +35,7 @@ from stallfree.engine import LLM, SamplingParams
 from stallfree.engine.model.presets import SHAPE_PRESETS
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.utilization import machine_limits
-from stallfree.engine.utilization.machine_limits import measure_bandwidth, measure_matmul_flops
+from stallfree.engine.utilization.measured_limits import measure_bandwidth, measure_matmul_flops
 
 MISTRAL_7B = SHAPE_PRESETS["mistral-7b-shape"]
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
@@ -67,7 +67,7 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 
 def limits_figures(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict:
-    """The machine limits (engine/utilization/machine_limits.py; a full run refreshes the engine's cached figures)."""
+    """The machine limits (engine/utilization/measured_limits.py; a full run refreshes the engine's cached figures)."""
     if smoke:
         flops, bandwidth = measure_matmul_flops(dtype, device, n=1024), measure_bandwidth(device, 1 << 24)
     else:

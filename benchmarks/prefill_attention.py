@@ -29,7 +29,7 @@ from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.scheduler.output import ScheduledUnit
-from stallfree.engine.utilization.machine_limits import measure_matmul_flops
+from stallfree.engine.utilization.measured_limits import measure_matmul_flops
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 12, 4, 64, 16
 CASES = {  # name: [(queries, context) per sequence]

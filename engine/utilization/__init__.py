@@ -1,11 +1,11 @@
 """Utilisation of the hardware per iteration: model FLOPs and bytes from the shapes (work.py), this machine's
-limits (limits.py), and the sampled operator split (op_split.py). ``UtilizationMeter`` turns an iteration into
+limits (measured_limits.py), and the sampled operator split (op_split.py). ``UtilizationMeter`` turns an iteration into
 the MFU / MBU / split fields of its BatchRecord."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stallfree.engine.utilization.machine_limits import MachineLimits, machine_limits
+from stallfree.engine.utilization.measured_limits import MachineLimits, machine_limits
 from stallfree.engine.utilization.op_split import OperatorSplit, SplitSampler
 from stallfree.engine.utilization.work import IterationWork, ModelCounts
 

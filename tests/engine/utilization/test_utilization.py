@@ -9,7 +9,8 @@ import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.utilization import MachineLimits, ModelCounts, OperatorSplit, UtilizationMeter, limits
+from stallfree.engine.utilization import MachineLimits, ModelCounts, OperatorSplit, UtilizationMeter
+from stallfree.engine.utilization import measured_limits as limits
 
 # hidden 8, 2 heads of 4 (1 KV head), FFN 16, 2 layers, vocab 10
 ARCH = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,

@@ -108,7 +108,7 @@ def machine_limits(device: torch.device, dtype: torch.dtype, *, refresh: bool = 
 
 
 def main() -> None:
-    """``python -m stallfree.engine.utilization.machine_limits [--refresh] [--dtype bfloat16] [--device cpu]``: print the limits."""
+    """``python -m stallfree.engine.utilization.measured_limits [--refresh] [--dtype bfloat16] [--device cpu]``: print the limits."""
     import argparse
 
     from stallfree.engine.device import resolve_device, resolve_dtype
