@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo paper test test-fast lint docs bench notebooks clean
+.PHONY: setup demo paper test test-fast lint docs bench notebooks wheel-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,10 @@ test: setup
 
 test-fast: setup
 	STALLFREE_SKIP_SLOW=1 $(BIN)/python -m pytest -q -x
+
+# The package away from the checkout: a wheel in a fresh venv runs the main job's commands from an empty directory.
+wheel-check:
+	bash .ci/wheel_check.sh
 
 lint: setup
 	$(BIN)/ruff check .
