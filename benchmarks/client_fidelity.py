@@ -37,7 +37,7 @@ from stallfree.loadgen.openai_client.openloop import run_open_loop
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 from tests.helpers.fakes.fake_sse_server import realtime_priority, running_fake_server
 
 TTFT_MS, TBT_MS, QPS, NUM_REQUESTS, OUTPUT_TOKENS = 20.0, 5.0, 200, 2000, 8

@@ -24,7 +24,7 @@ import httpx
 from benchmarks.server_overhead import start_server
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 from stallfree.loadgen.workload.text_prompts import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

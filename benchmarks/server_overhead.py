@@ -18,7 +18,7 @@ from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
 def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> subprocess.Popen:

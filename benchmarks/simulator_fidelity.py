@@ -20,7 +20,7 @@ from stallfree.engine import CostModel, EngineConfig, LLMEngine, SamplingParams,
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 METRICS = ("output_throughput", "median_ttft_ms", "p99_tbt_ms")
 POLICIES = (("vllm", 512), ("sarathi", 128))

@@ -26,7 +26,7 @@ from stallfree.engine.hydra_groups import compose, engine_kwargs_from_groups
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 from stallfree.loadgen.targets.inprocess import replay
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 
 def probe(args: argparse.Namespace) -> dict:

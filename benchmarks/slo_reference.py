@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from stallfree.loadgen.sweep.config_check import CONF_DIR
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.slo import probe_reference
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 
 def _burn() -> None:

@@ -55,7 +55,7 @@ from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 TOLERANCE = 0.05
 SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import poisson
+from stallfree.loadgen.workload.request_specs import poisson
 
 ABORTED = "aborted"  # the start file when vLLM's client failed before writing its start
 HASH_BLOCK = 16  # vLLM's --timed-trace-chunk-hash-size: tokens per hash id

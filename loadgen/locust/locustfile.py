@@ -21,7 +21,7 @@ Distributed (--master / --worker, or --processes): each of the W = --expect-work
 qps / W on its own seed (--seed, worker index), so together they offer --qps.
 
 Requests come from the workloads of stallfree-bench (conf/workload/<--workload>.yaml through
-loadgen.workload.generate), or from --specs-file (JSON lines of RequestSpec; worker i of W takes every W-th one
+loadgen.workload.request_specs), or from --specs-file (JSON lines of RequestSpec; worker i of W takes every W-th one
 from the i-th): that is how target=locust replays a bench run. --num-requests or --specs-file bound the
 run: it ends once every request is done. Otherwise it runs until stopped.
 
@@ -63,7 +63,7 @@ from stallfree.loadgen.locust.user_request import fire, report, stream_completio
 from stallfree.loadgen.openai_client.completions import ResponseError
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import MAX_SCHEDULE_LAG_P99_MS
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 DONE_MESSAGE = "stallfree_done"  # a process -> the master (or itself): all of its requests have ended
 

@@ -14,7 +14,7 @@ import numpy as np
 import yaml
 
 from stallfree.loadgen.sweep.config_check import CONF_DIR
-from stallfree.loadgen.workload.generate import RequestSpec, build_workload, is_text_workload
+from stallfree.loadgen.workload.request_specs import RequestSpec, build_workload, is_text_workload
 
 BLOCK = 256  # generated schedules are built this many requests at a time
 # the workloads of token ids (text workloads reach Locust through --specs-file)

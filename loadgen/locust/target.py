@@ -29,7 +29,7 @@ from stallfree.loadgen.sweep.bench_config import model_vocab_size
 from stallfree.loadgen.targets.base import Progress, Replay
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 OUTPUT_DIR = "locust"  # Locust's outputs, in the run directory

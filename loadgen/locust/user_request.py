@@ -23,7 +23,7 @@ from stallfree.loadgen.openai_client.completions import (
     timeout_error,
 )
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 REQUEST_TYPE = "LLM"
 HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}

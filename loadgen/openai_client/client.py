@@ -29,7 +29,7 @@ from stallfree.loadgen.openai_client.completions import (
     timeout_error,
 )
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

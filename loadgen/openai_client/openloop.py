@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from stallfree.loadgen.openai_client.client import HttpClient, send_request
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
 async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,

@@ -45,7 +45,7 @@ def _model_path(cfg: DictConfig):
 def workload_tokenizer(cfg: DictConfig):
     """The tokenizer that counts a text workload's tokens: ``workload.tokenizer`` (a directory), by
     default the run's model's; None for workloads of token ids."""
-    from stallfree.loadgen.workload.generate import is_text_workload
+    from stallfree.loadgen.workload.request_specs import is_text_workload
     from stallfree.loadgen.workload.text_prompts import load_tokenizer
 
     if not is_text_workload(section(cfg.workload, "lengths")):

@@ -101,7 +101,7 @@ def _check_results_dir(path: Path) -> None:
 
 def _check_endpoint(cfg: DictConfig) -> None:
     from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
-    from stallfree.loadgen.workload.generate import is_text_workload
+    from stallfree.loadgen.workload.request_specs import is_text_workload
 
     endpoint = OmegaConf.select(cfg, "target.endpoint")
     if endpoint is None:  # target=inprocess: no HTTP
@@ -128,7 +128,7 @@ class StandInTokenizer:
 
 
 def _check_workload(cfg: DictConfig) -> None:
-    from stallfree.loadgen.workload.generate import build_workload
+    from stallfree.loadgen.workload.request_specs import build_workload
 
     tokenizer = cfg.workload.get("tokenizer")
     require(tokenizer is None or Path(tokenizer).expanduser().is_dir(), "workload.tokenizer",

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from stallfree.loadgen.sweep.bench_config import digest, engine_kwargs
 from stallfree.loadgen.targets import Target, target_class
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 WARMUP_REQUESTS = 2  # short requests sent to a freshly made target, not recorded
 

@@ -28,7 +28,7 @@ from stallfree.loadgen.sweep.plan import RunPlan, plan_run
 from stallfree.loadgen.sweep.progress import RunPart, current
 from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 
 def _fmt(value, spec: str = ".1f") -> str:

@@ -31,7 +31,7 @@ from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.targets.base import Target
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 _probed_here: set[Path] = set()  # probe caches this process wrote (rerun=all measures each one once)
 

@@ -9,7 +9,7 @@ from typing import Protocol
 from omegaconf import DictConfig
 
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 Progress = Callable[[RequestRecord], None]
 

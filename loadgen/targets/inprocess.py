@@ -23,7 +23,7 @@ from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.sweep.bench_config import engine_kwargs, model_vocab_size
 from stallfree.loadgen.targets.base import Progress, Replay
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 if TYPE_CHECKING:
     from stallfree.engine import RequestMetrics

@@ -17,7 +17,7 @@ from stallfree.loadgen.targets.base import Progress, Replay
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
 class _OpenLoopHttpTarget:

@@ -8,7 +8,7 @@ are counted with the target model's tokenizer.
   prefix of the first lines plus randomly drawn lines (as vLLM's ``sonnet`` dataset).
 
 Each kind is a function ``(rng, tokenizer, **settings)`` yielding TextRequests in the order they are
-taken; loadgen.workload.generate keeps the first ``num_requests`` that fit ``max_total_tokens``.
+taken; loadgen.workload.request_specs keeps the first ``num_requests`` that fit ``max_total_tokens``.
 """
 from __future__ import annotations
 

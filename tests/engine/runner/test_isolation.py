@@ -182,7 +182,7 @@ def test_the_simulated_runner_is_isolated_too(tmp_path):
 
 def test_the_inprocess_load_generator_records_the_failed_request_alone(engine):
     from stallfree.loadgen.targets.inprocess import replay
-    from stallfree.loadgen.workload.generate import build_workload
+    from stallfree.loadgen.workload.request_specs import build_workload
 
     specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 16, "output": 8}, 4, 0, 1000)
     real = engine.runner

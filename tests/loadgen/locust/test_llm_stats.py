@@ -17,7 +17,7 @@ from stallfree.loadgen.locust.llm_stats import (
     slo_bounds,
 )
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 T0 = 1_700_000_000.0
 

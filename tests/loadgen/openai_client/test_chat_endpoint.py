@@ -12,7 +12,7 @@ from stallfree.engine.server import start_server
 from stallfree.loadgen.locust.target import run_locust
 from stallfree.loadgen.openai_client.completions import request, tokens_in_chunk
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.workload.generate import RequestSpec, build_workload
+from stallfree.loadgen.workload.request_specs import RequestSpec, build_workload
 from stallfree.loadgen.workload.text_prompts import load_tokenizer
 from tests.helpers.paths import DATA
 

@@ -7,7 +7,7 @@ import pytest
 
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA, arrow_type, write_run
-from stallfree.loadgen.workload.generate import RequestSpec
+from stallfree.loadgen.workload.request_specs import RequestSpec
 
 EXPECTED_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
                   list[float]: pa.list_(pa.float64())}

@@ -11,7 +11,7 @@ import pytest
 from stallfree.loadgen.sweep.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
 from stallfree.loadgen.sweep.point import cpu_summary
 from stallfree.loadgen.targets.inprocess import replay
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 
 HOG_S = 60  # each hog stops by itself after this long, whatever happens to the test
 

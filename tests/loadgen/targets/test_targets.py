@@ -7,7 +7,7 @@ import pytest
 from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
 from stallfree.loadgen.targets import TARGETS, Target, target_class
 from stallfree.loadgen.targets.inprocess import TIMEOUT_ERROR, replay
-from stallfree.loadgen.workload.generate import build_workload
+from stallfree.loadgen.workload.request_specs import build_workload
 from tests.helpers.paths import ROOT
 
 KINDS = sorted(p.stem for p in (CONF_DIR / "target").glob("*.yaml"))

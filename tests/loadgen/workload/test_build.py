@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stallfree.loadgen.workload.generate import TRACES_DIR, build_workload, clip_lengths, gamma, poisson
+from stallfree.loadgen.workload.request_specs import TRACES_DIR, build_workload, clip_lengths, gamma, poisson
 
 FIXED = {"kind": "fixed", "prompt": 4, "output": 2}
 
@@ -139,7 +139,7 @@ def test_bad_builder_arguments_name_the_key():
 
 
 def test_random_lengths_and_burstiness_as_vllm_bench_serve():
-    from stallfree.loadgen.workload.generate import build_workload
+    from stallfree.loadgen.workload.request_specs import build_workload
 
     specs = build_workload({"kind": "burst"}, {"kind": "random", "input_len": 100, "output_len": 20,
                                                "range_ratio": 0.5}, 2000, 0, 32000)
