@@ -21,6 +21,9 @@ class ModelConfig:
     # simulated: a GPU deployment (engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
     deployment: dict | None = None
     op_split_every: int = 0  # time linear layers and attention every Nth iteration (0: never; engine/utilization)
+    # CPU: run each iteration with the cores other processes leave free (engine/runner/cpu_threads.py);
+    # false: torch's fixed thread count
+    adaptive_cpu_threads: bool = True
 
 
 @dataclass

@@ -205,6 +205,7 @@ class LLMEngine:
             num_waiting=self.num_waiting, num_running=self.num_running,
             stage_busy_s=list(timing.stage_busy_s) if timing else [],
             stage_idle_s=list(timing.stage_idle_s) if timing else [],
+            cpu_threads=getattr(self.runner, "last_cpu_threads", 0),
             **self.utilization.fields(out.units, end - start, getattr(self.runner, "last_operator_split", None))))
 
     def reconfigure_scheduler(self, **knobs) -> None:

@@ -81,7 +81,7 @@ def check_model_group(model: Mapping) -> None:
         cost_model_file(model["cost_model"], "model.cost_model")
     every = model.get("op_split_every", 0)
     require(is_int(every) and every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", every)
-    for key in ("skip_tokenizer_init", "cuda_graphs"):
+    for key in ("skip_tokenizer_init", "cuda_graphs", "adaptive_cpu_threads"):
         require(isinstance(model.get(key, False), bool), f"model.{key}", "true or false", model.get(key))
 
 
@@ -113,7 +113,8 @@ def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: in
                   tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser()),
                   skip_tokenizer_init=model.get("skip_tokenizer_init", False),
                   deployment=model.get("deployment"),
-                  op_split_every=model.get("op_split_every", 0))
+                  op_split_every=model.get("op_split_every", 0),
+                  adaptive_cpu_threads=model.get("adaptive_cpu_threads", True))
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         require(is_int(kwargs[key]) and kwargs[key] >= 1, f"scheduler.{key}", "an integer >= 1", kwargs[key])
     if chunk_size is not None:

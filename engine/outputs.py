@@ -37,6 +37,7 @@ class BatchRecord:
     # A simulated deployment's pipeline stages (engine/simulator/pipeline.py); empty for other runners.
     stage_busy_s: list[float] = field(default_factory=list)  # each stage's busy time on this micro-batch
     stage_idle_s: list[float] = field(default_factory=list)  # each stage's idle time (bubble) right before it
+    cpu_threads: int = 0  # CPU threads the iteration ran with (engine/runner/cpu_threads.py); 0: not on the CPU
     # Utilisation (engine/utilization): counted from the shapes, against this machine's limits.
     model_flops: float = 0.0  # the iteration's model FLOPs (linear layers and attention)
     bytes_moved: float = 0.0  # weights read, KV read and written

@@ -13,6 +13,7 @@ from stallfree.engine.model.loader import load_model
 from stallfree.engine.runner.base import Runner
 from stallfree.engine.runner.clock import Clock, VirtualClock, WallClock
 from stallfree.engine.runner.cost_model import CostModel
+from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.kv_sizing import Baseline, CudaMemoryProbe
 from stallfree.engine.runner.model_runner import ModelRunner
 from stallfree.engine.runner.profile import ProfiledEngine, profile_cost_model
@@ -48,7 +49,8 @@ def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model
                              cuda_graphs=mc.cuda_graphs, max_num_seqs=config.scheduler.max_num_seqs,
                              max_model_len=max_model_len, max_num_batched_tokens=max_tokens_per_iteration(config),
                              gpu_memory_utilization=config.cache.gpu_memory_utilization, memory=memory,
-                             op_split_every=mc.op_split_every)
+                             op_split_every=mc.op_split_every,
+                             cpu_threads=CpuThreads() if device.type == "cpu" and mc.adaptive_cpu_threads else None)
         return runner, WallClock()
     if mc.runner == "simulated":
         if mc.clock not in CLOCKS:

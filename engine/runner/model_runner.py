@@ -10,6 +10,7 @@ import torch
 from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.cuda_graphs import DecodeGraphs, Graph, cuda_graph_factory
 from stallfree.engine.runner.kv_sizing import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -32,7 +33,8 @@ class ModelRunner:
     """``cuda_graphs``: replay decode-only steps from CUDA graphs (CUDA with a graph-safe attention backend
     only; ``max_num_seqs`` sizes the largest one; ``new_graph`` replaces CUDA graphs, for tests on CPU).
     ``op_split_every``: time the linear layers and attention of every Nth iteration (``last_operator_split``;
-    0: never).
+    0: never). ``cpu_threads``: set the thread count before each iteration to the cores other processes leave
+    free (``last_cpu_threads``: what the last iteration ran with).
 
     ``num_blocks=None``: size the KV cache from measured device memory (``engine/runner/kv_sizing.py``), with
     ``memory`` = the probe and its baseline taken before the weights were loaded, after a warm-up pass of
@@ -42,7 +44,7 @@ class ModelRunner:
                  dtype: torch.dtype, device: torch.device, seed: int, *, cuda_graphs: bool, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int = 0, gpu_memory_utilization: float | None = None,
                  memory: tuple[MemoryProbe, Baseline] | None = None, new_graph: Callable[[], Graph] | None = None,
-                 op_split_every: int = 0):
+                 op_split_every: int = 0, cpu_threads: CpuThreads | None = None):
         self.model, self.attn_backend, self.block_size, self.device = model, attn_backend, block_size, device
         self.dtype, self.max_model_len = dtype, max_model_len
         graph_safe = getattr(attn_backend, "cuda_graph_safe", False)
@@ -64,6 +66,8 @@ class ModelRunner:
         self.decode_graphs = None
         self.split_sampler = SplitSampler(model, device, op_split_every)
         self.last_operator_split: OperatorSplit | None = None  # of the last iteration, when it was sampled
+        self.cpu_threads = cpu_threads
+        self.last_cpu_threads = torch.get_num_threads() if device.type == "cpu" else 0
         if use_graphs:
             self.decode_graphs = DecodeGraphs(model, attn_backend, self.kv_caches, max_num_seqs=max_num_seqs,
                                               max_blocks_per_seq=-(-max_model_len // block_size),
@@ -77,6 +81,8 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self.generators.pop(request_id, None)
         units = scheduler_output.units  # decodes first
+        if self.cpu_threads is not None:
+            self.last_cpu_threads = self.cpu_threads.update()
         host = prepare_host_batch(units, self.block_size)
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
         decode_only = host.num_decodes == len(units)

@@ -1,0 +1,86 @@
+"""CpuThreads: the team size follows the cores other processes leave free (samples injected)."""
+import pytest
+
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.runner.cpu_threads import INTERVAL_S, CpuSample, CpuThreads
+
+
+class FakeMachine:
+    """CPU time as /proc/stat and os.times() would report it: ``others`` cores busy besides this process,
+    which itself keeps ``own`` cores busy."""
+
+    def __init__(self):
+        self.wall = self.busy = self.own = 0.0
+        self.others, self.own_rate = 0.0, 2.0
+        self.set_calls: list[int] = []
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.own += self.own_rate * seconds
+        self.busy += (self.own_rate + self.others) * seconds
+
+    def sample(self) -> CpuSample:
+        return CpuSample(self.wall, self.busy, self.own)
+
+
+def governor(machine: FakeMachine, cores: float = 2, max_threads: int = 2) -> CpuThreads:
+    return CpuThreads(max_threads, cores=cores, sample=machine.sample, set_threads=machine.set_calls.append)
+
+
+def run(machine: FakeMachine, threads: CpuThreads, seconds: float) -> int:
+    for _ in range(round(seconds / 0.05)):
+        machine.advance(0.05)
+        n = threads.update()
+    return n
+
+
+def test_a_quiet_machine_keeps_every_core():
+    machine = FakeMachine()
+    threads = governor(machine)
+    assert run(machine, threads, 2.0) == 2 and machine.set_calls == [2]
+
+
+def test_a_process_on_one_core_leaves_one_thread_and_its_end_gives_the_core_back():
+    machine = FakeMachine()
+    threads = governor(machine)
+    machine.others = 1.0
+    assert run(machine, threads, 2.0) == 1
+    machine.others = 0.0
+    assert run(machine, threads, 2.0) == 2
+    assert machine.set_calls == [2, 1, 2]
+
+
+def test_light_load_beside_the_engine_changes_nothing():
+    machine = FakeMachine()
+    threads = governor(machine)
+    machine.others = 0.3  # e.g. the load generator, a shell
+    assert run(machine, threads, 2.0) == 2 and machine.set_calls == [2]
+
+
+def test_samples_are_taken_at_most_every_interval():
+    machine = FakeMachine()
+    threads = governor(machine)
+    machine.others = 2.0
+    machine.advance(INTERVAL_S / 2)
+    assert threads.update() == 2  # too soon to tell
+    machine.advance(INTERVAL_S)
+    assert threads.update() == 1
+
+
+@pytest.mark.parametrize(("cores", "max_threads", "others", "expected"), [
+    (16, 16, 3.0, 13), (16, 8, 3.0, 8), (1.5, 4, 0.0, 1), (4, 4, 10.0, 1)])
+def test_team_size_is_the_free_cores_within_the_limits(cores, max_threads, others, expected):
+    machine = FakeMachine()
+    threads = governor(machine, cores, max_threads)
+    machine.others = others
+    assert run(machine, threads, 3.0) == expected
+
+
+def test_each_iteration_records_its_thread_count():
+    engine = LLMEngine.from_kwargs(model="tiny", dtype="float32", num_blocks=64)
+    engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert all(r.cpu_threads >= 1 for r in engine.batch_records)
+    fixed = LLMEngine.from_kwargs(model="tiny", dtype="float32", num_blocks=64, adaptive_cpu_threads=False)
+    assert fixed.runner.cpu_threads is None
