@@ -30,7 +30,7 @@ def _engine_for(cfg: DictConfig) -> LLMEngine:
 
 
 def run_info(cfg: DictConfig, engine: LLMEngine) -> dict:
-    limits = engine.utilization.measured_limits
+    limits = engine.utilization.limits
     return {"model": cfg.model.name, "device": limits.device if limits else str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."), "peak_flops": limits.peak_flops if limits else None,
             "bandwidth": limits.bandwidth if limits else None}
