@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-
 from dataclasses import fields
 
 from stallfree.engine import EngineConfig
