@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
+from stallfree.loadgen.sweep.bench_schema import load_bench
 from stallfree.loadgen.sweep.config_check import CONF_DIR
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.slo import probe_reference
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/slo_reference.json")
     args = parser.parse_args()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("bench", args.overrides)
+        cfg = load_bench(compose("bench", args.overrides))
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.burners)]
     for burner in burners:
         burner.start()

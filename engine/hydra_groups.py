@@ -1,30 +1,36 @@
-"""The one mapping from the Hydra config groups under ``conf/`` to engine and server settings.
+"""The one mapping from the Hydra config groups under ``conf/`` to engine settings.
 
 ``stallfree-serve`` and ``stallfree-bench`` both compose ``conf/`` (the ``model`` and ``scheduler`` groups
-plus their own keys). This module turns those groups into ``EngineConfig.from_kwargs`` arguments and
-``ServerConfig`` fields, writes Hydra override values (one quoting rule), and checks values (one helper:
-every error names its key). It needs no torch and no Hydra, so the load generator can import it cheaply.
+plus their own keys). This module holds the typed ``model`` and ``scheduler`` groups (ModelGroup,
+SchedulerGroup), turns a composed config into such dataclasses once at an entry point (``typed``: every
+error one line naming its key), builds the EngineConfig of two groups, and writes Hydra override values
+(one quoting rule). It needs no torch, and imports Hydra only when it composes, so the load generator can
+import it cheaply.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
 import math
 import re
+import types
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
 CONF_DIR = Path(str(importlib.resources.files("stallfree.conf")))
 # Cost models committed with the package (engine/runner/cost_models/), named by file name in a setting.
 COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "runner" / "cost_models"
-SERVER_KEYS = ("host", "port", "api_key", "metrics_require_api_key", "max_waiting", "max_body_bytes",
-               "served_model_name", "timeout_graceful_shutdown", "log_level", "body_read_timeout_s",
-               "header_read_timeout_s", "timeout_keep_alive_s", "batch_history_max_records",
-               "batch_history_max_age_s")
 # Names the engine checks itself when it starts (their choices live with the code that uses them).
 MODEL_NAMES = ("dtype", "device", "attention_backend", "runner", "clock")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -56,35 +62,6 @@ def override(key: str, value: object) -> str:
     return f"{key}={'null' if value is None else json.dumps(value)}"
 
 
-def check_model_group(model: Mapping) -> None:
-    """Raise ConfigError for the first bad value of a composed ``model`` group (serve and bench alike):
-    the checks that need no torch; unknown dtypes, devices, backends, runners and clocks are reported by
-    the engine as it starts."""
-    name = model.get("name")
-    require(isinstance(name, str) and bool(name), "model.name", "a non-empty string", name)
-    path = model.get("path")
-    require(path is None or (isinstance(path, str) and Path(path).expanduser().is_dir()), "model.path",
-            "a checkpoint directory", path)
-    for key in MODEL_NAMES:
-        require(isinstance(model.get(key), str) and bool(model.get(key)), f"model.{key}", "a non-empty string",
-                model.get(key))
-    max_len = model.get("max_model_len")
-    require(max_len is None or (is_int(max_len) and max_len >= 2), "model.max_model_len", "an integer >= 2 or null",
-            max_len)
-    kv = model.get("kv_memory_gib")
-    if model.get("deployment") is None:  # a deployment sizes its KV cache itself (engine/simulator/memory_plan.py)
-        require(is_number(kv) and kv > 0, "model.kv_memory_gib", "a number > 0", kv)
-    tokenizer = model.get("tokenizer")
-    require(tokenizer is None or (isinstance(tokenizer, str) and bool(tokenizer)), "model.tokenizer",
-            "a tokenizer directory, a preset name or null", tokenizer)
-    if model.get("cost_model") is not None:
-        cost_model_file(model["cost_model"], "model.cost_model")
-    every = model.get("op_split_every", 0)
-    require(is_int(every) and every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", every)
-    for key in ("skip_tokenizer_init", "cuda_graphs", "adaptive_cpu_threads"):
-        require(isinstance(model.get(key, False), bool), f"model.{key}", "true or false", model.get(key))
-
-
 def cost_model_file(value: object, key: str) -> str:
     """The cost model JSON a setting names: a file (relative to where you run), or the file name of one
     committed with the package (COST_MODELS_DIR)."""
@@ -96,42 +73,106 @@ def cost_model_file(value: object, key: str) -> str:
     return str(COST_MODELS_DIR / value)
 
 
-def engine_kwargs_from_groups(model: Mapping, scheduler: Mapping, chunk_size: int | None) -> dict:
-    """``EngineConfig.from_kwargs`` arguments from the ``model`` and ``scheduler`` groups (checked with
-    ``check_model_group``). ``chunk_size`` None leaves the engine's default (policies that do not chunk
-    ignore it)."""
-    check_model_group(model)
-    tokenizer = model.get("tokenizer")
-    kwargs = dict(model=str(Path(model["name"]).expanduser()) if "path" in model else model["name"],
-                  dtype=model["dtype"], device=model["device"], max_model_len=model["max_model_len"],
-                  kv_memory_gib=model.get("kv_memory_gib", 1.0), attention_backend=model["attention_backend"],
-                  runner=model["runner"], cost_model=model["cost_model"] and cost_model_file(model["cost_model"], "model.cost_model"),
-                  clock=model["clock"],
-                  cuda_graphs=model.get("cuda_graphs", True),
-                  scheduler=scheduler["name"], max_num_seqs=scheduler["max_num_seqs"],
-                  max_num_batched_tokens=scheduler["max_num_batched_tokens"],
-                  tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser()),
-                  skip_tokenizer_init=model.get("skip_tokenizer_init", False),
-                  deployment=model.get("deployment"),
-                  op_split_every=model.get("op_split_every", 0),
-                  adaptive_cpu_threads=model.get("adaptive_cpu_threads", True))
-    for key in ("max_num_seqs", "max_num_batched_tokens"):
-        require(is_int(kwargs[key]) and kwargs[key] >= 1, f"scheduler.{key}", "an integer >= 1", kwargs[key])
+@dataclass
+class ModelGroup:
+    """The ``model`` group (conf/model/); checks that need no torch (unknown dtypes, devices, backends,
+    runners and clocks are reported by the engine as it starts)."""
+
+    name: str
+    dtype: str
+    device: str
+    attention_backend: str
+    runner: str
+    clock: str
+    path: str | None = None  # model=path: the checkpoint directory (the name follows it)
+    cost_model: str | None = None
+    max_model_len: int | None = None
+    kv_memory_gib: float | None = None  # required unless a deployment sizes the KV cache itself
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    cuda_graphs: bool = True
+    deployment: dict[str, Any] | None = None  # checked by engine/simulator/deployment.py
+    op_split_every: int = 0
+    adaptive_cpu_threads: bool = True  # CPU: threads = the cores other processes leave free
+
+    def __post_init__(self) -> None:
+        for key in ("name", *MODEL_NAMES):
+            require(bool(getattr(self, key)), f"model.{key}", "a non-empty string", getattr(self, key))
+        require(self.path is None or Path(self.path).expanduser().is_dir(), "model.path", "a checkpoint directory",
+                self.path)
+        require(self.max_model_len is None or self.max_model_len >= 2, "model.max_model_len",
+                "an integer >= 2 or null", self.max_model_len)
+        if self.deployment is None:  # a deployment sizes its KV cache itself (engine/simulator/memory_plan.py)
+            require(is_number(self.kv_memory_gib) and self.kv_memory_gib > 0, "model.kv_memory_gib", "a number > 0",
+                    self.kv_memory_gib)
+        require(self.tokenizer is None or bool(self.tokenizer), "model.tokenizer",
+                "a tokenizer directory, a preset name or null", self.tokenizer)
+        if self.cost_model is not None:
+            cost_model_file(self.cost_model, "model.cost_model")
+        require(self.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", self.op_split_every)
+
+
+@dataclass
+class SchedulerGroup:
+    """The ``scheduler`` group (conf/scheduler/)."""
+
+    name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            require(getattr(self, key) >= 1, f"scheduler.{key}", "an integer >= 1", getattr(self, key))
+
+
+def engine_config(model: ModelGroup, scheduler: SchedulerGroup, chunk_size: int | None) -> EngineConfig:
+    """The engine of the ``model`` and ``scheduler`` groups. ``chunk_size`` None leaves the engine's default
+    (policies that do not chunk ignore it)."""
+    sched = SchedulerConfig(policy=scheduler.name, max_num_seqs=scheduler.max_num_seqs,
+                            max_num_batched_tokens=scheduler.max_num_batched_tokens)
     if chunk_size is not None:
         require(is_int(chunk_size) and chunk_size >= 1, "chunk_size", "an integer >= 1", chunk_size)
-        kwargs["chunk_size"] = chunk_size
-    return kwargs
+        sched.chunk_size = chunk_size
+    return EngineConfig(
+        model=ModelConfig(
+            model=model.name if model.path is None else str(Path(model.name).expanduser()), dtype=model.dtype,
+            device=model.device, max_model_len=model.max_model_len, attention_backend=model.attention_backend,
+            runner=model.runner, cost_model=model.cost_model and cost_model_file(model.cost_model, "model.cost_model"),
+            clock=model.clock, cuda_graphs=model.cuda_graphs,
+            tokenizer=None if model.tokenizer is None else str(Path(model.tokenizer).expanduser()),
+            skip_tokenizer_init=model.skip_tokenizer_init, deployment=model.deployment,
+            op_split_every=model.op_split_every, adaptive_cpu_threads=model.adaptive_cpu_threads),
+        cache=CacheConfig(kv_memory_gib=1.0 if model.kv_memory_gib is None else model.kv_memory_gib),
+        scheduler=sched)
 
 
-def server_kwargs(cfg: Mapping) -> dict:
-    """``ServerConfig`` fields from the server keys of ``conf/serve.yaml`` (a digit-string port is cast)."""
-    kwargs = {key: cfg[key] for key in SERVER_KEYS}
-    port = kwargs["port"]
-    kwargs["port"] = int(port) if isinstance(port, str) and port.isdigit() else port
-    kwargs["host"] = str(kwargs["host"])
-    kwargs["api_key"] = None if kwargs["api_key"] is None else str(kwargs["api_key"])
-    kwargs["served_model_name"] = kwargs["served_model_name"] or str(cfg["model"]["name"])
-    return kwargs
+def typed(schema: type[T], data: Mapping, prefix: str = "") -> T:
+    """``data`` (plain containers, interpolations resolved) as a ``schema`` dataclass, checked once: a value
+    of the wrong type, an unknown or a missing key is a one-line ConfigError naming ``prefix`` + its key,
+    and each dataclass checks its ranges in ``__post_init__``."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), data))
+    except ConfigKeyError as e:
+        raise ConfigError(f"{prefix}{e.full_key}: unknown key") from None
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{prefix}{e.full_key} is required (set {prefix}{e.full_key}=...)") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{prefix}{e.full_key} must be {_rule(schema, e.full_key)}, got {e.value!r}") from None
+
+
+def _rule(schema: type, key: str) -> str:
+    """What the annotation of ``key`` (dotted, below ``schema``) accepts, in words."""
+    annotation: Any = schema
+    for part in key.split("."):
+        hints = typing.get_type_hints(annotation) if dataclasses.is_dataclass(annotation) else {}
+        annotation = hints.get(part)
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    kinds = [words.get(typing.get_origin(a) or a, "a mapping") for a in args if a is not type(None)]
+    return " or ".join(kinds + ["null"] * (type(None) in args)) or "a valid value"
 
 
 def serve_overrides(model: Mapping, scheduler: Mapping, server: Mapping) -> list[str]:

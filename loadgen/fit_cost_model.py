@@ -6,10 +6,19 @@ and write it as JSON, for ``model.runner=simulated model.cost_model=PATH``.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from stallfree.engine.hydra_groups import compose, engine_kwargs_from_groups, is_int, one_line, require
+from stallfree.engine.hydra_groups import (
+    ModelGroup,
+    SchedulerGroup,
+    compose,
+    engine_config,
+    one_line,
+    require,
+    typed,
+)
 
 PROG = "stallfree-profile"
 USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.path=DIR] [num_requests=N] [seed=N]
@@ -18,31 +27,39 @@ Hydra overrides of conf/profile.yaml (the model group is the one stallfree-bench
 model's device (model.device), writes the cost model with what it was fitted on and its held-out error."""
 
 
+@dataclass
+class ProfileConfig:
+    """conf/profile.yaml, checked."""
+
+    model: ModelGroup
+    scheduler: SchedulerGroup
+    output: str  # where the cost model JSON goes
+    num_requests: int = 24  # requests per profiled policy
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.num_requests >= 2, "num_requests", "an integer >= 2", self.num_requests)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from stallfree.engine import (  # torch: only once the command runs
-        EngineConfig,
-        LLMEngine,
-        profile_cost_model,
-    )
+    from stallfree.engine import LLMEngine, profile_cost_model  # torch: only once the command runs
 
     args = sys.argv[1:] if argv is None else list(argv)
     if {"-h", "--help"} & set(args):
         print(USAGE)
         return 0
     try:
-        cfg = compose("profile", args, job_name=PROG)
-        require(is_int(cfg["num_requests"]) and cfg["num_requests"] >= 2, "num_requests", "an integer >= 2",
-                cfg["num_requests"])
-        config = EngineConfig.from_kwargs(**engine_kwargs_from_groups(cfg["model"], cfg["scheduler"], None))
-        with tqdm(total=3 * cfg["num_requests"], desc="profiling", unit="req") as bar:
-            model = profile_cost_model(config, LLMEngine, num_requests=cfg["num_requests"], seed=cfg["seed"],
+        cfg = typed(ProfileConfig, compose("profile", args, job_name=PROG))
+        config = engine_config(cfg.model, cfg.scheduler, None)
+        with tqdm(total=3 * cfg.num_requests, desc="profiling", unit="req") as bar:
+            model = profile_cost_model(config, LLMEngine, num_requests=cfg.num_requests, seed=cfg.seed,
                                        use_cache=False, progress=bar.update)
-        model.save(cfg["output"])
+        model.save(cfg.output)
     except Exception as exc:  # any bad value: one line, no traceback
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     error = model.holdout_error
-    print(f"{PROG}: wrote {cfg['output']} (fitted on {model.fitted_on['num_records']} iterations; held-out "
+    print(f"{PROG}: wrote {cfg.output} (fitted on {model.fitted_on['num_records']} iterations; held-out "
           f"error median {error['median_abs_pct']}%, p90 {error['p90_abs_pct']}%)")
     return 0
 

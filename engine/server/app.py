@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException
 
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import EngineConfig, LLMEngine, SamplingParams
 from stallfree.engine.hydra_groups import is_int, is_number, require
 from stallfree.engine.request_limits import InvalidParam, short_repr
 from stallfree.engine.server.generate import Generation
@@ -148,13 +148,14 @@ class ServerState:
         return params
 
 
-def build_app(engine_kwargs: dict | None = None, server_cfg: ServerConfig | None = None) -> FastAPI:
-    """Load the engine (``LLMEngine.from_kwargs(**engine_kwargs)``) and build the app; the engine thread
-    runs while the app is being served (lifespan). Raises ValueError on bad configuration."""
+def build_app(engine: EngineConfig | dict | None = None, server_cfg: ServerConfig | None = None) -> FastAPI:
+    """Load the engine (an EngineConfig, or ``EngineConfig.from_kwargs`` arguments) and build the app; the
+    engine thread runs while the app is being served (lifespan). Raises ValueError on bad configuration."""
     cfg = server_cfg or ServerConfig()
     cfg.validate()
+    config = engine if isinstance(engine, EngineConfig) else EngineConfig.from_kwargs(**(engine or {}))
     history = BatchHistory(cfg.batch_history_max_records, cfg.batch_history_max_age_s)
-    engine_loop = EngineLoop(lambda: LLMEngine.from_kwargs(**(engine_kwargs or {})), cfg.max_waiting, history)
+    engine_loop = EngineLoop(lambda: LLMEngine(config), cfg.max_waiting, history)
     engine = engine_loop.engine
     model_name = cfg.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name, engine.max_model_len)

@@ -10,15 +10,19 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import fields
 
+from stallfree.engine import EngineConfig
 from stallfree.engine.hydra_groups import (
     CONF_DIR,
+    ModelGroup,
+    SchedulerGroup,
     compose,
-    engine_kwargs_from_groups,
+    engine_config,
     one_line,
     override,
     require,
-    server_kwargs,
+    typed,
 )
 from stallfree.engine.server.app import ServerConfig, build_app
 from stallfree.engine.server.launcher import uvicorn_server
@@ -68,15 +72,17 @@ def _overrides(args: list[str]) -> list[str]:
     return out
 
 
-def _configs(args: list[str]) -> tuple[dict, ServerConfig]:
-    """Compose conf/serve.yaml with the overrides: (engine kwargs, server config)."""
+def _configs(args: list[str]) -> tuple[EngineConfig, ServerConfig]:
+    """Compose conf/serve.yaml with the overrides and check it once: (engine config, server config)."""
     cfg = compose(CONFIG_NAME, _overrides(args), job_name="stallfree-serve")
-    engine_kwargs = engine_kwargs_from_groups(cfg["model"], cfg["scheduler"], cfg["chunk_size"])
-    require(engine_kwargs["clock"] == "real", "model.clock", "'real' (a server's virtual time means nothing to a "
-            "client)", engine_kwargs["clock"])
-    server_cfg = ServerConfig(**server_kwargs(cfg))
-    server_cfg.validate()
-    return engine_kwargs, server_cfg
+    model = typed(ModelGroup, cfg["model"], "model.")
+    require(model.clock == "real", "model.clock", "'real' (a server's virtual time means nothing to a client)",
+            model.clock)
+    engine = engine_config(model, typed(SchedulerGroup, cfg["scheduler"], "scheduler."), cfg["chunk_size"])
+    server = typed(ServerConfig, {f.name: cfg[f.name] for f in fields(ServerConfig)})
+    server.served_model_name = server.served_model_name or model.name
+    server.validate()
+    return engine, server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     try:
-        engine_kwargs, cfg = _configs(args)
-        app = build_app(engine_kwargs, cfg)
+        engine, cfg = _configs(args)
+        app = build_app(engine, cfg)
     except KeyboardInterrupt:  # Ctrl-C while the model loads
         print("stallfree-serve: interrupted while loading the model", file=sys.stderr, flush=True)
         # The engine thread may still be inside native code (a kernel build, torch's loading): ending the
@@ -96,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stallfree-serve: error: {one_line(exc)}", file=sys.stderr)
         return 2
     server = uvicorn_server(app, cfg, on_ready=lambda s: print(
-        f"stallfree-serve ready: http://{cfg.host}:{s.port} model={engine_kwargs['model']} "
-        f"scheduler={engine_kwargs['scheduler']} chunk_size={engine_kwargs['chunk_size']}", flush=True))
+        f"stallfree-serve ready: http://{cfg.host}:{s.port} model={engine.model.model} "
+        f"scheduler={engine.scheduler.policy} chunk_size={engine.scheduler.chunk_size}", flush=True))
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown) and re-raises the signal afterwards:
     # these no-op handlers make that re-raise end in a clean exit 0 instead of a kill or a traceback.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}

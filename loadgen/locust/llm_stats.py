@@ -17,9 +17,9 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 
 import numpy as np
-import yaml
 
-from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.loadgen.sweep.bench_schema import SloGroup, load_group
 
 WINDOW_S = 10.0
 SHOWN_WINDOWS = 12  # the tab shows the latest windows; the CSV has them all
@@ -35,22 +35,20 @@ class SLOBounds:
 
 
 def slo_bounds(opts: Namespace) -> SLOBounds:
-    """The SLO of --slo (conf/slo/<name>.yaml: tbt_ms, else tbt_multiple x --decode-iter-ms; ttft_ms),
-    where --slo-tbt-ms / --slo-ttft-ms override it. Raises ValueError on a negative value, or when the
+    """The SLO of --slo (conf/slo/<name>.yaml, bounded as a bench run's: SloGroup.tbt_bound_ms of
+    --decode-iter-ms; ttft_ms), where --slo-tbt-ms / --slo-ttft-ms override it. Raises ValueError on a negative value, or when the
     TBT bound needs the decode iteration time and --decode-iter-ms is not given."""
     for option in ("slo_tbt_ms", "slo_ttft_ms", "decode_iter_ms"):
         if getattr(opts, option) < 0:
             raise ValueError(f"--{option.replace('_', '-')} must be >= 0 (0: not given), got {getattr(opts, option):g}")
     tbt_ms, ttft_ms = opts.slo_tbt_ms or None, opts.slo_ttft_ms or None
     if opts.slo:
-        slo = yaml.safe_load((CONF_DIR / "slo" / f"{opts.slo}.yaml").read_text())
-        ttft_ms = ttft_ms or slo.get("ttft_ms")
-        if tbt_ms is None and (tbt_ms := slo.get("tbt_ms")) is None:
-            if not opts.decode_iter_ms:
-                raise ValueError(f"--slo {opts.slo} bounds TBT at {slo['tbt_multiple']}x the decode iteration "
-                                 "time: give --decode-iter-ms (decode_iter_ms of a bench run's summary.json) "
-                                 "or --slo-tbt-ms")
-            tbt_ms = slo["tbt_multiple"] * opts.decode_iter_ms
+        slo = load_group("slo", opts.slo, SloGroup)
+        ttft_ms = ttft_ms or slo.ttft_ms
+        if tbt_ms is None and (tbt_ms := slo.tbt_bound_ms(opts.decode_iter_ms or None)) is None:
+            raise ValueError(f"--slo {opts.slo} bounds TBT at {slo.tbt_multiple:g}x the decode iteration "
+                             "time: give --decode-iter-ms (decode_iter_ms of a bench run's summary.json) "
+                             "or --slo-tbt-ms")
     return SLOBounds(tbt_ms=tbt_ms, ttft_ms=ttft_ms)
 
 

@@ -11,15 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import yaml
+from omegaconf import OmegaConf
 
-from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.loadgen.sweep.bench_schema import WorkloadGroup, load_group
 from stallfree.loadgen.workload.request_specs import RequestSpec, build_workload, is_text_workload
 
 BLOCK = 256  # generated schedules are built this many requests at a time
 # the workloads of token ids (text workloads reach Locust through --specs-file)
 WORKLOADS = sorted(p.stem for p in (CONF_DIR / "workload").glob("*.yaml")
-                   if not is_text_workload(yaml.safe_load(p.read_text())["lengths"]))
+                   if not is_text_workload(OmegaConf.load(p).lengths))
 
 
 def parse_numbers(text: str, option: str) -> list[float]:
@@ -35,10 +36,10 @@ def parse_numbers(text: str, option: str) -> list[float]:
 
 def request_lengths(opts: Namespace) -> tuple[dict, int | None]:
     """(lengths config, max_total_tokens) of the requests: --workload, or fixed with --prompt-len / --max-tokens."""
-    workload = yaml.safe_load((CONF_DIR / "workload" / f"{opts.workload}.yaml").read_text())
+    workload = load_group("workload", opts.workload, WorkloadGroup)
     if not (opts.prompt_len or opts.max_tokens):
-        return workload["lengths"], workload.get("max_total_tokens")
-    fixed = yaml.safe_load((CONF_DIR / "workload" / "fixed.yaml").read_text())["lengths"]
+        return workload.lengths, workload.max_total_tokens
+    fixed = load_group("workload", "fixed", WorkloadGroup).lengths
     return {**fixed, "prompt": opts.prompt_len or fixed["prompt"], "output": opts.max_tokens or fixed["output"]}, None
 
 

@@ -22,10 +22,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.bench_config import model_vocab_size
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import Progress, Replay
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
@@ -85,7 +84,7 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
 class LocustTarget:
     """target=locust (see the module docstring)."""
 
-    def __init__(self, cfg: DictConfig, log_dir: Path):
+    def __init__(self, cfg: BenchConfig, log_dir: Path):
         t = cfg.target
         self.vocab_size = model_vocab_size(cfg)
         self._resources = contextlib.ExitStack()

@@ -4,45 +4,46 @@ engine the Hydra config builds (``mode: study``), in this process. Each writes i
 own earlier rows. The engine is kept across the studies of one process while its config stays the same."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
-
-from omegaconf import DictConfig
 
 from stallfree.engine import LLMEngine
 from stallfree.loadgen.studies.catalog import STUDIES, check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import write_rows
-from stallfree.loadgen.sweep.bench_config import digest, engine_kwargs, section
+from stallfree.loadgen.sweep.bench_config import digest, engine_config
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 __all__ = ["run_study"]
 
 _engine: tuple[str, LLMEngine] | None = None  # (config digest, engine) of the last study in this process
 
 
-def _engine_for(cfg: DictConfig) -> LLMEngine:
+def _engine_for(cfg: BenchConfig) -> LLMEngine:
     global _engine
-    kwargs = engine_kwargs(cfg)
-    if _engine is None or _engine[0] != digest(kwargs):
+    config = engine_config(cfg)
+    key = digest(dataclasses.asdict(config))
+    if _engine is None or _engine[0] != key:
         _engine = None  # free the old one first
-        _engine = (digest(kwargs), LLMEngine.from_kwargs(**kwargs))
+        _engine = (key, LLMEngine(config))
     return _engine[1]
 
 
-def run_info(cfg: DictConfig, engine: LLMEngine) -> dict:
+def run_info(cfg: BenchConfig, engine: LLMEngine) -> dict:
     limits = engine.utilization.limits
     return {"model": cfg.model.name, "device": limits.device if limits else str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."), "peak_flops": limits.peak_flops if limits else None,
             "bandwidth": limits.bandwidth if limits else None}
 
 
-def run_study(cfg: DictConfig) -> Path:
+def run_study(cfg: BenchConfig) -> Path:
     """Run the study of ``cfg.study`` and write its rows; return phases.csv's path."""
-    study = section(cfg, "study")
+    study = cfg.study or {}
     check_study(study)
     started, cpu = time.monotonic(), time.process_time()
     engine = _engine_for(cfg)
-    driver = IterationDriver(engine, study["warmup"], study["repeats"], seed=int(cfg.seed))
+    driver = IterationDriver(engine, study["warmup"], study["repeats"], seed=cfg.seed)
     rows = STUDIES[study["name"]](driver, study, lambda line: print(line, flush=True))
     path = write_rows(Path(cfg.results_dir) / cfg.experiment_name, study["name"], rows, run_info(cfg, engine))
     print(f"[study {study['name']}] {len(rows)} iterations measured in {time.monotonic() - started:.0f} s "

@@ -41,17 +41,17 @@ def _keeps_targets() -> bool:
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     def job() -> None:
-        check(cfg)
-        if cfg.mode == "capacity":
-            run_search(cfg, _targets)
-        elif cfg.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
+        bench = check(cfg)  # the only use of the raw config: from here on, typed (loadgen.sweep.bench_schema)
+        if bench.mode == "capacity":
+            run_search(bench, _targets)
+        elif bench.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
             from stallfree.loadgen.studies import (
                 run_study,  # torch: only once a study runs (--help stays fast)
             )
 
-            run_study(cfg)
+            run_study(bench)
         else:
-            run_repeats(cfg, _targets)
+            run_repeats(bench, _targets)
 
     try:
         exit_on_error(PROG, job, INTERRUPTED)

@@ -1,31 +1,25 @@
-"""Views of a composed stallfree-bench config that several parts of a run share: the server-side knobs
-(engine.hydra_groups maps the model / scheduler groups), plain sections, stable digests, the model's
-vocabulary.
+"""Views of a BenchConfig that several parts of a run share: the engine of its server-side knobs
+(engine.hydra_groups.engine_config), stable digests, the model's vocabulary and the workload's tokenizer.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 
-from omegaconf import DictConfig, OmegaConf
+from stallfree.engine import SCHEDULERS, EngineConfig
+from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.hydra_groups import engine_config as groups_engine_config
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
-from stallfree.engine import SCHEDULERS
-from stallfree.engine.hydra_groups import ConfigError, engine_kwargs_from_groups
 
-
-def chunk_size(cfg: DictConfig) -> int | None:
+def chunk_size(cfg: BenchConfig) -> int | None:
     """The chunk size the run's policy uses; None for policies that ignore it."""
-    return int(cfg.chunk_size) if SCHEDULERS[cfg.scheduler.name].chunked else None
+    return cfg.chunk_size if SCHEDULERS[cfg.scheduler.name].chunked else None
 
 
-def engine_kwargs(cfg: DictConfig) -> dict:
-    """``LLMEngine.from_kwargs`` arguments: the server-side knobs of a run."""
-    return engine_kwargs_from_groups(cfg.model, cfg.scheduler, chunk_size(cfg))
-
-
-def section(cfg: DictConfig, key: str):
-    """``cfg[key]`` as plain Python (a resolved dict for a config group)."""
-    return OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_dict(cfg[key]) else cfg[key]
+def engine_config(cfg: BenchConfig) -> EngineConfig:
+    """The engine of the run's server-side knobs."""
+    return groups_engine_config(cfg.model, cfg.scheduler, chunk_size(cfg))
 
 
 def digest(value) -> str:
@@ -33,31 +27,31 @@ def digest(value) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def _model_path(cfg: DictConfig):
+def _model_path(cfg: BenchConfig):
     from stallfree.engine import resolve_model_path
 
     try:
-        return resolve_model_path(engine_kwargs(cfg)["model"])
+        return resolve_model_path(engine_config(cfg).model.model)
     except ValueError as e:
         raise ConfigError(f"model.name: {e}") from None
 
 
-def workload_tokenizer(cfg: DictConfig):
+def workload_tokenizer(cfg: BenchConfig):
     """The tokenizer that counts a text workload's tokens: ``workload.tokenizer`` (a directory), by
     default the run's model's; None for workloads of token ids."""
     from stallfree.loadgen.workload.request_specs import is_text_workload
     from stallfree.loadgen.workload.text_prompts import load_tokenizer
 
-    if not is_text_workload(section(cfg.workload, "lengths")):
+    if not is_text_workload(cfg.workload.lengths):
         return None
-    return load_tokenizer(str(cfg.workload.get("tokenizer") or _model_path(cfg)))
+    return load_tokenizer(str(cfg.workload.tokenizer or _model_path(cfg)))
 
 
-def model_vocab_size(cfg: DictConfig) -> int:
+def model_vocab_size(cfg: BenchConfig) -> int:
     """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json or,
     for a simulated deployment, its model shape."""
-    if cfg.model.get("deployment") is not None:
+    if cfg.model.deployment is not None:
         from stallfree.engine.simulator.deployment import Deployment
 
-        return int(Deployment.from_config(section(cfg.model, "deployment")).resolve().shape.vocab_size)
+        return int(Deployment.from_config(cfg.model.deployment).resolve().shape.vocab_size)
     return int(json.loads((_model_path(cfg) / "config.json").read_text())["vocab_size"])

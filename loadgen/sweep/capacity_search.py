@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from stallfree.loadgen.results.repeat_stats import mean_interval
 from stallfree.loadgen.results.run_dir import make_run_id
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
@@ -127,14 +126,13 @@ def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
     return records
 
 
-def _search_one(cfg: DictConfig, targets: LiveTarget, slo: dict, max_delay_ms: float, repeat: int) -> Search:
+def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, max_delay_ms: float, repeat: int) -> Search:
     """One search on the seed of repeat ``repeat``. A point whose run was disturbed (summary
     ``disturbed``: the engine got too little CPU) is measured once more."""
     c, points = cfg.capacity, []
 
     def measure(qps: float) -> Point:
-        point_cfg = cfg.copy()
-        point_cfg.qps = qps
+        point_cfg = cfg.with_qps(qps)
         share = (len(points) + 1) / (len(points) + probes_left(points, c.min_qps, c.max_qps, c.tolerance))
         part = repeat_part(cfg, repeat, min(share, 1.0))
         part.extras["qps"] = qps
@@ -150,7 +148,7 @@ def _search_one(cfg: DictConfig, targets: LiveTarget, slo: dict, max_delay_ms: f
     return search(measure, c.start_qps, c.min_qps, c.max_qps, c.tolerance)
 
 
-def run_search(cfg: DictConfig, targets: LiveTarget) -> dict:
+def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     """Search the capacity of the config's scheduler / chunk size under its SLO, once per repeat (seeds
     seed, seed + 1, ...); record and return it with the mean capacity and its 95% interval."""
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name

@@ -2,11 +2,11 @@
 model / scheduler / chunk_size) stays the same, and replaced, after a short warm-up, when it changes."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from stallfree.loadgen.sweep.bench_config import digest, engine_kwargs
+from stallfree.loadgen.sweep.bench_config import digest, engine_config
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets import Target, target_class
 from stallfree.loadgen.workload.request_specs import build_workload
 
@@ -20,9 +20,9 @@ class LiveTarget:
         self._key: str | None = None
         self._target: Target | None = None
 
-    def get(self, cfg: DictConfig, log_dir: Path) -> Target:
+    def get(self, cfg: BenchConfig, log_dir: Path) -> Target:
         """The run's target, reusing the open one when its server-side config is the same."""
-        key = digest([cfg.target.kind, cfg.target.get("url") or engine_kwargs(cfg)])
+        key = digest([cfg.target.kind, cfg.target.url or dataclasses.asdict(engine_config(cfg))])
         if self._target is None or key != self._key:
             self.close()
             target = target_class(cfg.target.kind)(cfg, log_dir)

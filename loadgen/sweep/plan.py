@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_config import chunk_size, digest, section
+from stallfree.loadgen.sweep.bench_config import chunk_size, digest
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 MEASURED_SECTIONS = ("model", "scheduler", "workload", "arrival", "target", "num_requests", "warmup", "seed")
 
@@ -28,36 +27,37 @@ class RunPlan:
         return self.exp_dir / self.run_id
 
 
-def server_label(cfg: DictConfig) -> str | None:
+def server_label(cfg: BenchConfig) -> str | None:
     """A server the bench did not start (``target.url``) is labelled with what the bench knows of it:
     ``target.label``, else the model it serves (``target.served_model``, else its /v1/models id), not with
     the bench's scheduler and chunk size, which did not configure it. None for a server the bench runs."""
-    url = cfg.target.get("url")
+    url = cfg.target.url
     if url is None:
         return None
-    if cfg.target.get("label"):
-        return str(cfg.target.label)
+    if cfg.target.label:
+        return cfg.target.label
     from stallfree.loadgen.targets.server_check import check_server
 
-    return check_server(url.rstrip("/"), cfg.target.get("served_model"))
+    return check_server(url.rstrip("/"), cfg.target.served_model)
 
 
-def plan_run(cfg: DictConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
+def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
-    (not the SLO, which only changes the summary, except for the points of a capacity search).
+    (not the SLO, which only changes the summary, except for the points of a capacity search), as composed
+    (BenchConfig.composed), so a run keeps its id across versions of the schema.
     ``rerun``: the second measurement of a disturbed point, a run of its own (``rerun=1`` in the id)."""
-    measured = {key: section(cfg, key) for key in MEASURED_SECTIONS}
-    measured["arrival"].pop("qps", None)  # in the id itself
+    measured = {key: cfg.composed[key] for key in MEASURED_SECTIONS}
+    measured["arrival"] = {k: v for k, v in measured["arrival"].items() if k != "qps"}  # in the id itself
     measured["chunk_size"] = chunk_size(cfg)
     label = server_label(cfg)
     if label is not None:  # the bench's scheduler and chunk size do not apply to it
         measured["scheduler"] = measured["chunk_size"] = None
     settings_digest = digest(measured)
     point = ({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg)} if label is None
-             else {"scheduler": label, "chunk_size": None}) | {"qps": float(cfg.qps)}
+             else {"scheduler": label, "chunk_size": None}) | {"qps": cfg.qps}
     point_id = make_run_id({**point, "cfg": digest({k: v for k, v in measured.items() if k != "seed"})})
     params = {**point, "point_id": point_id, "model": cfg.model.name, "target": cfg.target.kind, "workload": cfg.workload.name,
-              "arrival": cfg.arrival.kind, "seed": int(cfg.seed), "num_requests": int(cfg.num_requests)}
+              "arrival": cfg.arrival.kind, "seed": cfg.seed, "num_requests": cfg.num_requests}
     if capacity_slo is not None:
         point["slo"] = params["capacity_search"] = capacity_slo
     if rerun:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
@@ -20,7 +19,8 @@ from stallfree.loadgen.results.run_dir import (
     write_run,
 )
 from stallfree.loadgen.results.summary_block import result_block
-from stallfree.loadgen.sweep.bench_config import section, workload_tokenizer
+from stallfree.loadgen.sweep.bench_config import workload_tokenizer
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.live_target import LiveTarget
@@ -49,25 +49,20 @@ def _report(status: str, plan: RunPlan, s: dict) -> None:
           flush=True)
 
 
-def repeat_configs(cfg: DictConfig) -> list[DictConfig]:
+def repeat_configs(cfg: BenchConfig) -> list[BenchConfig]:
     """One config per repeat of a point (``repeats``): seeds seed, seed + 1, ... (the repeats of a
     point share its ``point_id``)."""
-    configs = []
-    for repeat in range(cfg.repeats):
-        repeat_cfg = cfg.copy()
-        repeat_cfg.seed = int(cfg.seed) + repeat
-        configs.append(repeat_cfg)
-    return configs
+    return [cfg.with_seed(cfg.seed + repeat) for repeat in range(cfg.repeats)]
 
 
-def repeat_part(repeat_cfg: DictConfig, repeat: int, share: float = 1.0) -> RunPart:
+def repeat_part(repeat_cfg: BenchConfig, repeat: int, share: float = 1.0) -> RunPart:
     """The place in its job of a run of repeat ``repeat`` (a config of repeat_configs) that ends
     ``share`` of the way through the repeat."""
-    extras = {"seed": int(repeat_cfg.seed)} if repeat_cfg.repeats > 1 else {}
+    extras = {"seed": repeat_cfg.seed} if repeat_cfg.repeats > 1 else {}
     return RunPart((repeat + share) / repeat_cfg.repeats, extras)
 
 
-def run_repeats(cfg: DictConfig, targets: LiveTarget) -> list[dict]:
+def run_repeats(cfg: BenchConfig, targets: LiveTarget) -> list[dict]:
     """Measure every repeat of the config's point; return their summaries."""
     return [run_point(repeat_cfg, targets, part=repeat_part(repeat_cfg, repeat))
             for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
@@ -91,7 +86,7 @@ def _read_summary(plan: RunPlan) -> dict:
     return json.loads((plan.run_dir / "summary.json").read_text())
 
 
-def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
+def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
               part: RunPart | None = None) -> dict:
     """Measure one point (or read it back when complete); return its summary. ``rerun``: measure it
     again as a run of its own (loadgen.sweep.plan.plan_run). ``part``: its place in the job, for the progress
@@ -109,7 +104,7 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
         return summary
     slo = resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
-    specs = build_workload(section(cfg, "arrival"), section(cfg.workload, "lengths"), cfg.num_requests,
+    specs = build_workload(cfg.arrival.settings(), cfg.workload.lengths, cfg.num_requests,
                            cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
                            tokenizer=workload_tokenizer(cfg))
     desc = f"[{progress.position()}{progress.eta()}] {plan.run_id}"
@@ -126,12 +121,12 @@ def run_point(cfg: DictConfig, targets: LiveTarget, capacity_slo: str | None = N
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
                **pipeline_summary(replay.batches),
-               **cpu_summary(cpu.report, virtual_time=cfg.model.runner == "simulated" and cfg.model.clock == "virtual")}
+               **cpu_summary(cpu.report, virtual_time=cfg.virtual_time)}
     with experiment_lock(plan.exp_dir):
         if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
             summary = _read_summary(plan)
         else:
-            run_dir = write_run(plan.exp_dir, plan.run_id, config=OmegaConf.to_container(cfg, resolve=True),
+            run_dir = write_run(plan.exp_dir, plan.run_id, config=cfg.composed,
                                 requests=replay.records, summary=summary, batches=replay.batches)
             target.finalize(run_dir)
         rebuild_experiment_summary(plan.exp_dir)

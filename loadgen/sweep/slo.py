@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
 
 from stallfree.engine.hydra_groups import cost_model_file
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.sweep.bench_config import digest, section
+from stallfree.loadgen.sweep.bench_config import digest
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.run_errors import TargetError
@@ -63,7 +63,7 @@ def decode_steps_ms(records: list[RequestRecord]) -> list[float]:
     return steps
 
 
-def _measure(cfg: DictConfig, target: Target, seed: int, rounds: int) -> tuple[float, bool]:
+def _measure(cfg: BenchConfig, target: Target, seed: int, rounds: int) -> tuple[float, bool]:
     """One measurement: a low quantile of the decode steps of ``rounds`` bursts; whether the engine
     was starved of CPU meanwhile."""
     p = cfg.decode_probe
@@ -81,7 +81,7 @@ def _measure(cfg: DictConfig, target: Target, seed: int, rounds: int) -> tuple[f
     return float(np.quantile(steps, p.quantile)), bool(cpu.report and cpu.report.disturbed)
 
 
-def probe_reference(cfg: DictConfig, target: Target) -> Reference:
+def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
     """After a warm-up measurement, up to ``decode_probe.attempts`` attempts of two measurements each;
     the first clean one, else the one whose measurements agree best, flagged disturbed."""
     p, best = cfg.decode_probe, None
@@ -99,7 +99,7 @@ def probe_reference(cfg: DictConfig, target: Target) -> Reference:
     return best
 
 
-def cost_model_reference(cfg: DictConfig, path: str) -> Reference:
+def cost_model_reference(cfg: BenchConfig, path: str) -> Reference:
     """The cost model's decode step of the probe's shape: num_seqs sequences halfway through their output."""
     from stallfree.engine import CostModel
 
@@ -111,16 +111,16 @@ def cost_model_reference(cfg: DictConfig, path: str) -> Reference:
     return Reference(max(seconds, 0.0) * 1e3, "cost_model", False)
 
 
-def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Reference:
+def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Reference:
     """The decode reference of the run (see the module docstring)."""
-    if cfg.slo.get("reference_ms") is not None:
-        return Reference(float(cfg.slo.reference_ms), "pinned", False)
-    if cfg.slo.get("reference_cost_model") is not None:
+    if cfg.slo.reference_ms is not None:
+        return Reference(cfg.slo.reference_ms, "pinned", False)
+    if cfg.slo.reference_cost_model is not None:
         return cost_model_reference(cfg, cost_model_file(cfg.slo.reference_cost_model, "slo.reference_cost_model"))
-    key = {"model": section(cfg, "model"), "target": cfg.target.kind, "url": cfg.target.get("url"),
-           "probe": section(cfg, "decode_probe")}
+    key = {"model": cfg.composed["model"], "target": cfg.target.kind, "url": cfg.target.url,
+           "probe": cfg.composed["decode_probe"]}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
-    if path.is_file() and (cfg.get("rerun") != "all" or path in _probed_here):  # --force: probe once again
+    if path.is_file() and (cfg.rerun != "all" or path in _probed_here):  # --force: probe once again
         cached = json.loads(path.read_text())
         if "method" in cached:  # a cache of the single-shot probe of earlier versions is measured again
             return Reference(cached["decode_iter_ms"], cached["method"], False, cached["spread"],
@@ -138,14 +138,14 @@ def decode_reference(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> Ref
     return reference
 
 
-def resolve_slo(cfg: DictConfig, exp_dir: Path, targets: LiveTarget) -> dict:
+def resolve_slo(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> dict:
     """SLO fields of the summary: slo_name, slo_tbt_ms (absolute, or tbt_multiple x the decode
     reference) and how the reference was obtained."""
     if cfg.slo.tbt_ms is not None:
-        return {"slo_name": cfg.slo.name, "slo_tbt_ms": float(cfg.slo.tbt_ms), "decode_iter_ms": None,
+        return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_bound_ms(None), "decode_iter_ms": None,
                 "slo_reference_method": "absolute", "slo_reference_disturbed": False, "slo_reference_spread": None}
     reference = decode_reference(cfg, exp_dir, targets)
-    return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_multiple * reference.decode_iter_ms,
+    return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_bound_ms(reference.decode_iter_ms),
             **reference.as_summary()}
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Protocol
 
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.workload.request_specs import RequestSpec
+
+if TYPE_CHECKING:
+    from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 Progress = Callable[[RequestRecord], None]
 
@@ -36,4 +37,4 @@ class Target(Protocol):
         """Release what the target holds (an engine, a server process)."""
 
 
-TargetClass = Callable[[DictConfig, Path], Target]
+TargetClass = Callable[["BenchConfig", Path], Target]

@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
-
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.results.records import RequestRecord, as_row
-from stallfree.loadgen.sweep.bench_config import engine_kwargs, model_vocab_size
+from stallfree.loadgen.sweep.bench_config import engine_config, model_vocab_size
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import Progress, Replay
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
@@ -109,17 +108,16 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
 class InProcessTarget:
     """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
 
-    def __init__(self, cfg: DictConfig, log_dir: Path):
+    def __init__(self, cfg: BenchConfig, log_dir: Path):
         from stallfree.engine import LLMEngine
 
         try:
-            self.engine = LLMEngine.from_kwargs(**engine_kwargs(cfg))
+            self.engine = LLMEngine(engine_config(cfg))
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
         self.vocab_size = model_vocab_size(cfg)
         # On a virtual clock the run's times do not depend on the CPU it gets: nothing to measure.
-        virtual = cfg.model.runner == "simulated" and cfg.model.clock == "virtual"
-        self.engine_pid = None if virtual else os.getpid()
+        self.engine_pid = None if cfg.virtual_time else os.getpid()
         self.timeout_s = cfg.target.timeout_s
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:

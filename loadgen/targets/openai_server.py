@@ -8,11 +8,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.bench_config import model_vocab_size
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import Progress, Replay
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
@@ -26,7 +25,7 @@ class _OpenLoopHttpTarget:
     url: str
     engine_pid: int | None = None  # a server elsewhere: its CPU is not measured
 
-    def __init__(self, cfg: DictConfig, served_model: str):
+    def __init__(self, cfg: BenchConfig, served_model: str):
         self.served_model = served_model
         self.vocab_size = model_vocab_size(cfg)
         self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
@@ -50,7 +49,7 @@ class _OpenLoopHttpTarget:
 class UrlTarget(_OpenLoopHttpTarget):
     """target=url: the running server at ``target.url``."""
 
-    def __init__(self, cfg: DictConfig, log_dir: Path):
+    def __init__(self, cfg: BenchConfig, log_dir: Path):
         self.url = cfg.target.url.rstrip("/")
         super().__init__(cfg, check_server(self.url, cfg.target.served_model))
 
@@ -58,7 +57,7 @@ class UrlTarget(_OpenLoopHttpTarget):
 class HttpTarget(_OpenLoopHttpTarget):
     """target=http: a stallfree-serve of the run's server-side config, stopped by ``close``."""
 
-    def __init__(self, cfg: DictConfig, log_dir: Path):
+    def __init__(self, cfg: BenchConfig, log_dir: Path):
         super().__init__(cfg, cfg.model.name)
         self._resources = contextlib.ExitStack()
         self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))

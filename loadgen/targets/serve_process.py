@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
-from omegaconf import DictConfig
 
 from stallfree.engine.hydra_groups import ConfigError, serve_overrides
-from stallfree.loadgen.sweep.bench_config import section
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 STOP_TIMEOUT_S = 15
 
@@ -38,7 +37,7 @@ class ServeProcess:
     """``with ServeProcess(cfg, log_dir) as server:`` a stallfree-serve at ``server.url`` for the run's
     server-side config (model, scheduler, chunk_size) on ``target.host`` / ``target.port`` (0: free)."""
 
-    def __init__(self, cfg: DictConfig, log_dir: Path):
+    def __init__(self, cfg: BenchConfig, log_dir: Path):
         t = cfg.target
         port = t.port or _free_port(t.host)
         self.url = f"http://{t.host}:{port}"
@@ -47,7 +46,7 @@ class ServeProcess:
         server = {"chunk_size": cfg.chunk_size, "host": t.host, "port": port, "served_model_name": cfg.model.name}
         exe = Path(sys.executable).with_name("stallfree-serve")
         self.command = [str(exe) if exe.exists() else "stallfree-serve",
-                        *serve_overrides(section(cfg, "model"), section(cfg, "scheduler"), server)]
+                        *serve_overrides(cfg.composed["model"], cfg.composed["scheduler"], server)]
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> ServeProcess:

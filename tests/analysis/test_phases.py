@@ -70,6 +70,7 @@ def test_tables(frame):
 def test_report_includes_phases_notebook(tmp_path, tiny_path):
     from stallfree.engine.hydra_groups import compose
     from stallfree.loadgen.studies import run_study
+    from stallfree.loadgen.sweep.bench_schema import load_bench
 
     for experiment, overrides in (
             ("phases", ["study.decode_batch_sizes=[1,4]", "study.decode_context=16", "study.prefill_sizes=[16,32]",
@@ -78,7 +79,7 @@ def test_report_includes_phases_notebook(tmp_path, tiny_path):
             ("tiles", ["study.chunk_sizes=[15,16,17]"])):
         cfg = compose("bench", [f"+experiment={experiment}", "model=tiny", f"results_dir={tmp_path}",
                                 "study.warmup=0", "study.repeats=2", *overrides], job_name="test")
-        run_study(OmegaConf.create(cfg))
+        run_study(load_bench(OmegaConf.create(cfg)))
     report = build_report(tmp_path)
     check_executed_notebook(tmp_path, "phases")
     html = report.read_text()

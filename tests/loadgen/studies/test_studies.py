@@ -12,6 +12,7 @@ from stallfree.loadgen.studies import run_study
 from stallfree.loadgen.studies.catalog import check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import COLUMNS, RUN_COLUMNS
+from stallfree.loadgen.sweep.bench_schema import load_bench
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_studies_write_phases_csv(tmp_path, tiny_path):
     def run(experiment: str, *overrides: str):
         cfg = compose("bench", [f"+experiment={experiment}", "model=tiny", f"results_dir={tmp_path}",
                                 "study.warmup=0", "study.repeats=1", *overrides], job_name="test")
-        return run_study(OmegaConf.create(cfg))
+        return run_study(load_bench(OmegaConf.create(cfg)))
 
     run("phases", "study.decode_batch_sizes=[1,2]", "study.decode_context=16", "study.prefill_sizes=[16,5000]",
         "study.hybrid_chunk_sizes=[16]", "study.hybrid_decodes=[2]")
@@ -86,7 +87,7 @@ def test_studies_run_unchanged_on_a_simulated_deployment(tmp_path):
     cfg = compose("bench", ["+experiment=phases", "model=mistral7b_sim", f"results_dir={tmp_path}",
                             "study.decode_batch_sizes=[1,8]", "study.prefill_sizes=[512,16384]",
                             "study.hybrid_chunk_sizes=[512]", "study.hybrid_decodes=[4]"], job_name="test")
-    frame = pd.read_csv(run_study(OmegaConf.create(cfg)))
+    frame = pd.read_csv(run_study(load_bench(OmegaConf.create(cfg))))
     assert sorted(frame.kind.unique()) == ["decode", "hybrid", "prefill"]
     assert sorted(frame[frame.kind == "prefill"].prefill_tokens.unique()) == [512, 8191]  # the shape's limit
     assert (frame.iteration_s > 0).all() and (frame.model == "mistral-7b-shape").all()

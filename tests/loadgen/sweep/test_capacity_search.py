@@ -111,6 +111,7 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
 
     from stallfree.engine.hydra_groups import CONF_DIR
     from stallfree.loadgen.sweep import capacity_search as capacity
+    from stallfree.loadgen.sweep.bench_schema import load_bench
 
     capacities, calls, parts = {0: 4.0, 1: 6.0}, [], []
 
@@ -126,8 +127,8 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {
         "slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None})
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("bench", ["+experiment=capacity", "repeats=2", "capacity.tolerance=0.05",
-                                f"results_dir={tmp_path}"])
+        cfg = load_bench(compose("bench", ["+experiment=capacity", "repeats=2", "capacity.tolerance=0.05",
+                                f"results_dir={tmp_path}"]))
     record = capacity.run_search(cfg, targets=None)
     assert [seed for seed, qps, rerun in calls if rerun] == [0] and (0, 2.0, True) in calls
     for seed, qps, part in parts:  # each probe's place in the job: its repeat's half, named by seed and qps

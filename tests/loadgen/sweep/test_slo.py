@@ -4,6 +4,7 @@ measurements that must agree, a disturbed reference flagged and never cached).""
 from hydra import compose, initialize_config_dir
 
 from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.sweep.bench_schema import load_bench
 from stallfree.loadgen.sweep.config_check import CONF_DIR
 from stallfree.loadgen.sweep.slo import decode_steps_ms, resolve_slo
 from stallfree.loadgen.targets.base import Replay
@@ -14,7 +15,7 @@ COST_MODEL = ROOT / "engine" / "runner" / "cost_models" / "small-cpu.json"
 
 def config(*overrides: str):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("bench", ["model=tiny", *overrides])
+        return load_bench(compose("bench", ["model=tiny", *overrides]))
 
 
 class StepTarget:

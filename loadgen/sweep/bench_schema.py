@@ -1,0 +1,249 @@
+"""The typed stallfree-bench config: one dataclass per group of conf/bench.yaml, each checking its own
+ranges. ``load_bench`` turns a composed config into a BenchConfig once, at the entry point
+(loadgen.sweep.config_check); everything inward takes that object, never the raw Hydra config.
+
+Settings whose names depend on a kind (``workload.lengths``, ``model.deployment``, ``study``) stay
+mappings: the function of their kind checks them (loadgen.workload.request_specs, engine/simulator,
+loadgen.studies.catalog). ``BenchConfig.composed`` keeps the config as composed and resolved: it is the
+run's config.yaml, and run ids hash its sections, so both stay what they were.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stallfree.engine.hydra_groups import (
+    CONF_DIR,
+    ConfigError,
+    ModelGroup,
+    SchedulerGroup,
+    cost_model_file,
+    is_number,
+    require,
+    typed,
+)
+
+MODES = ("run", "capacity", "study")
+RERUN = ("none", "disturbed", "all")
+G = TypeVar("G")
+
+
+def _positive(key: str, value: float | None, optional: bool = False) -> None:
+    if not (optional and value is None):
+        require(is_number(value) and value > 0, key, "a number > 0" + (" or null" if optional else ""), value)
+
+
+@dataclass
+class WorkloadGroup:
+    name: str
+    lengths: dict[str, Any]  # kind and its settings (loadgen.workload.request_specs.LENGTHS, text_prompts.TEXT_WORKLOADS)
+    max_total_tokens: int | None = None
+    tokenizer: str | None = None  # counts a text workload's tokens; None: the model's own
+
+    def __post_init__(self) -> None:
+        require(self.tokenizer is None or Path(self.tokenizer).expanduser().is_dir(), "workload.tokenizer",
+                "a tokenizer directory or null", self.tokenizer)
+
+
+@dataclass
+class ArrivalGroup:
+    """An arrival process (loadgen.workload.request_specs.ARRIVALS); each kind takes some of the settings."""
+
+    kind: str
+    qps: float | None = None
+    cv: float | None = None
+    burstiness: float | None = None
+    name: str | None = None
+    time_scale: float | None = None
+
+    def settings(self) -> dict:
+        """``build_workload``'s arrival: the kind and the settings given."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass
+class TargetGroup:
+    """Where runs replay (loadgen.targets.TARGETS); each kind reads some of the settings."""
+
+    kind: str
+    timeout_s: float = 600.0
+    url: str | None = None  # a running server (url, locust)
+    served_model: str | None = None
+    label: str | None = None
+    host: str = "127.0.0.1"  # a server the bench starts (http, locust)
+    port: int = 0
+    startup_timeout_s: float = 180.0
+    workers: int = 1  # locust processes
+    max_in_flight: int | None = None
+    endpoint: str | None = None  # None: no HTTP (inprocess)
+
+    def __post_init__(self) -> None:
+        from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
+        from stallfree.loadgen.targets import target_class
+
+        target_class(self.kind)
+        _positive("target.timeout_s", self.timeout_s)
+        require(self.max_in_flight is None or self.max_in_flight >= 1, "target.max_in_flight",
+                "an integer >= 1 or null", self.max_in_flight)
+        require(self.endpoint is None or self.endpoint in ENDPOINT_PATHS, "target.endpoint",
+                f"one of {sorted(ENDPOINT_PATHS)}", self.endpoint)
+
+
+@dataclass
+class SloGroup:
+    """The SLO of a run (loadgen.sweep.slo) and of the Locust LLM tab (loadgen.locust.llm_stats)."""
+
+    name: str
+    tbt_multiple: float
+    tbt_ms: float | None = None
+    reference_ms: float | None = None
+    reference_cost_model: str | None = None
+    ttft_ms: float | None = None
+    goodput: str | None = None
+
+    def __post_init__(self) -> None:
+        from stallfree.loadgen.results.request_metrics import parse_goodput
+
+        _positive("slo.tbt_multiple", self.tbt_multiple)
+        for key in ("tbt_ms", "reference_ms", "ttft_ms"):
+            _positive(f"slo.{key}", getattr(self, key), optional=True)
+        try:
+            parse_goodput(self.goodput)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self.reference_cost_model is not None:
+            cost_model_file(self.reference_cost_model, "slo.reference_cost_model")
+
+    def tbt_bound_ms(self, decode_iter_ms: float | None) -> float | None:
+        """The P99 TBT bound: ``tbt_ms``, else ``tbt_multiple`` x the decode reference (None: not known)."""
+        if self.tbt_ms is not None:
+            return self.tbt_ms
+        return None if decode_iter_ms is None else self.tbt_multiple * decode_iter_ms
+
+
+@dataclass
+class DecodeProbe:
+    num_seqs: int
+    prompt_tokens: int
+    output_tokens: int
+    rounds: int
+    quantile: float
+    max_spread: float
+    attempts: int
+
+    def __post_init__(self) -> None:
+        for key in ("num_seqs", "prompt_tokens", "output_tokens", "rounds", "attempts"):
+            require(getattr(self, key) >= 1, f"decode_probe.{key}", "an integer >= 1", getattr(self, key))
+        require(is_number(self.quantile) and 0 <= self.quantile <= 1, "decode_probe.quantile", "a number in [0, 1]",
+                self.quantile)
+        _positive("decode_probe.max_spread", self.max_spread)
+
+
+@dataclass
+class CapacityGroup:
+    start_qps: float
+    min_qps: float
+    max_qps: float
+    tolerance: float
+    max_p50_scheduling_delay_s: float
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _positive(f"capacity.{f.name}", getattr(self, f.name))
+        require(self.min_qps <= self.start_qps <= self.max_qps, "capacity.start_qps",
+                f"within [capacity.min_qps={self.min_qps}, capacity.max_qps={self.max_qps}]", self.start_qps)
+
+
+@dataclass
+class BenchConfig:
+    """conf/bench.yaml, checked (see the module docstring)."""
+
+    model: ModelGroup
+    scheduler: SchedulerGroup
+    workload: WorkloadGroup
+    arrival: ArrivalGroup
+    target: TargetGroup
+    slo: SloGroup
+    decode_probe: DecodeProbe
+    capacity: CapacityGroup
+    experiment_name: str
+    mode: str
+    qps: float
+    chunk_size: int
+    seed: int
+    repeats: int
+    num_requests: int
+    warmup: int
+    results_dir: str
+    min_engine_cpu_share: float
+    rerun: str
+    study: dict[str, Any] | None = None  # mode=study (loadgen.studies.catalog checks it)
+    composed: dict[str, Any] = field(default_factory=dict)  # the composed config (see the module docstring)
+
+    def __post_init__(self) -> None:
+        from stallfree.loadgen.workload.request_specs import is_text_workload
+
+        require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
+        require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
+        _positive("qps", self.qps)
+        for key in ("chunk_size", "num_requests", "repeats"):
+            require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
+        require(0 <= self.warmup < self.num_requests, "warmup", f"an integer in [0, num_requests={self.num_requests})",
+                self.warmup)
+        require(self.model.clock == "real" or self.target.kind == "inprocess", "model.clock",
+                "'real' unless target=inprocess (a server's virtual time means nothing to a client)", self.model.clock)
+        require(is_number(self.min_engine_cpu_share) and 0 <= self.min_engine_cpu_share <= 1, "min_engine_cpu_share",
+                "a number in [0, 1]", self.min_engine_cpu_share)
+        require(self.target.endpoint != "chat" or is_text_workload(self.workload.lengths), "target.endpoint",
+                "completions for a workload of token ids (chat needs a text workload: sharegpt, jsonl, sonnet)",
+                self.target.endpoint)
+
+    @property
+    def virtual_time(self) -> bool:
+        """A simulated engine on a virtual clock: its times do not depend on the CPU it gets."""
+        return self.model.runner == "simulated" and self.model.clock == "virtual"
+
+    def with_seed(self, seed: int) -> BenchConfig:
+        return dataclasses.replace(self, seed=seed, composed={**self.composed, "seed": seed})
+
+    def with_qps(self, qps: float) -> BenchConfig:
+        """The same config at another offered load (the arrival process's rate follows it)."""
+        arrival = self.composed["arrival"]
+        return dataclasses.replace(
+            self, qps=qps, arrival=dataclasses.replace(self.arrival, qps=qps if self.arrival.qps is not None else None),
+            composed={**self.composed, "qps": qps, "arrival": {**arrival, "qps": qps} if "qps" in arrival else arrival})
+
+
+def _missing_keys(node, prefix: str = "") -> list[str]:
+    """Keys left at ``???``, without resolving interpolations (which would fail on them first)."""
+    if isinstance(node, dict):
+        return [k for key, value in node.items() for k in _missing_keys(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")] if node == "???" else []
+
+
+def load_bench(cfg: Mapping) -> BenchConfig:
+    """A composed bench config (a DictConfig) as a BenchConfig; ConfigError names the first bad key.
+    Top-level keys the schema does not know are the lookup tables of presets (``paper``, ``ablation_qps``):
+    they only feed interpolations, and stay in ``composed``."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    missing = _missing_keys(OmegaConf.to_container(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} is required (set {missing[0]}=...)")
+    try:
+        composed = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
+    names = {f.name for f in dataclasses.fields(BenchConfig)} - {"composed"}
+    return typed(BenchConfig, {**{k: v for k, v in composed.items() if k in names}, "composed": composed})
+
+
+def load_group(group: str, option: str, schema: type[G]) -> G:
+    """conf/<group>/<option>.yaml on its own (a group without a defaults list or interpolations), typed."""
+    from omegaconf import OmegaConf
+
+    return typed(schema, OmegaConf.load(CONF_DIR / group / f"{option}.yaml"), f"{group}.")
