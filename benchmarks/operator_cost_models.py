@@ -23,7 +23,7 @@ DEPLOYMENTS = (
     ("a100", "yi-34b", 2, "nvlink"),
     ("a40", "llama2-70b", 4, "pcie"),
     ("a100", "falcon-180b", 4, "nvlink-internode"),
-    ("a100", "falcon-180b", 8, "dgx"),
+    ("a100", "falcon-180b", 8, "nvlink-internode"),
     ("h100", "llama3-8b", 1, "nvlink"),
 )
 
