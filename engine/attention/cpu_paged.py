@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from stallfree.engine.attention.metadata import AttentionMetadata
-from stallfree.engine.attention.native import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_cpu_kernels
+from stallfree.engine.native.cpu_kernels import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_cpu_kernels
 
 
 def cpu_paged_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.attention.native import load_cpu_kernels
+from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 from stallfree.engine.model import loader
 from tests.helpers.engine import make_prompts, run_staggered
 
