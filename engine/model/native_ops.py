@@ -12,8 +12,8 @@ import ctypes
 import torch
 from torch import nn
 
-from stallfree.engine.native.cpu_kernels import KERNEL_SUFFIXES, load_cpu_kernels
 from stallfree.engine.model.llama import ApplyRotary, RMSNorm, SiluAndMul
+from stallfree.engine.native.cpu_kernels import KERNEL_SUFFIXES, load_cpu_kernels
 
 
 def can_use_native_ops(device: torch.device, dtype: torch.dtype) -> bool:

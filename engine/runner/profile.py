@@ -16,9 +16,9 @@ from typing import Protocol
 
 import torch
 
+from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import cpu_description
-from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.outputs import BatchRecord
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
