@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.bench_config import model_vocab_size
-from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
 from stallfree.loadgen.workload.generate import RequestSpec
@@ -82,6 +82,7 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
     return [records[spec.request_id] for spec in specs]
 
 
+@TARGETS.register("locust")
 class LocustTarget:
     """target=locust (see the module docstring)."""
 

@@ -1,4 +1,5 @@
-"""The Target protocol: what a run replays its workload on (an engine in this process, a server)."""
+"""The Target protocol: what a run replays its workload on (an engine in this process, a server), and
+the registry of target classes by ``target.kind`` (conf/target/<kind>.yaml)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -8,6 +9,7 @@ from typing import Protocol
 
 from omegaconf import DictConfig
 
+from stallfree.engine.registry import Registry
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.workload.generate import RequestSpec
 
@@ -37,3 +39,11 @@ class Target(Protocol):
 
 
 TargetClass = Callable[[DictConfig, Path], Target]
+# A kind's module registers its class when the kind is first used: none imports torch until it is made,
+# and the Locust target (loadgen/locust/target.py) lives outside this package.
+TARGETS: Registry[TargetClass] = Registry("target.kind", modules={
+    "inprocess": "stallfree.loadgen.targets.inprocess",
+    "http": "stallfree.loadgen.targets.openai_server",
+    "url": "stallfree.loadgen.targets.openai_server",
+    "locust": "stallfree.loadgen.locust.target",
+})
