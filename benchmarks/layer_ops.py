@@ -1,6 +1,6 @@
 """Native layer ops vs PyTorch's element-wise ops, in process, on one model: median iteration time of a
 512-token prefill chunk and of a decode step at batch 32 (short contexts), with the CPU kernels of
-csrc/layer_ops.cpp and with the PyTorch modules they replace. Engines alternate, ``--rounds`` each.
+engine/native/csrc/layer_ops.cpp and with the PyTorch modules they replace. Engines alternate, ``--rounds`` each.
 
     python -m benchmarks.layer_ops [--model smollm2] [--rounds 2] [--out benchmarks/results/layer_ops.json]
 """

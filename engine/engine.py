@@ -15,8 +15,10 @@ from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
 from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner
 from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -30,7 +32,8 @@ logger = logging.getLogger("stallfree.engine")
 class LLMEngine:
     """Not thread-safe: drive it from one thread (the server runs it on its own engine thread)."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, cost_model: CostModel | None = None):
+        """``cost_model``: a simulated runner's (``from_config`` resolves it, profiling if need be)."""
         mc, cc = config.model, config.cache
         self.simulation = None
         if mc.deployment is not None:  # a simulated GPU deployment: a model shape, no checkpoint
@@ -65,7 +68,7 @@ class LLMEngine:
             num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
             self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
                                                   num_blocks=num_blocks, dtype=self.dtype, device=self.device,
-                                                  eos_token_ids=self.eos_token_ids, make_engine=LLMEngine)
+                                                  eos_token_ids=self.eos_token_ids, cost_model=cost_model)
             num_blocks = num_blocks or self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
@@ -76,8 +79,14 @@ class LLMEngine:
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
 
     @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        """The engine of ``config``, its cost model resolved first: a simulated runner without
+        ``model.cost_model`` is profiled on real engines of this model (once, cached), outside any constructor."""
+        return cls(config, resolve_cost_model(config, cls))
+
+    @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
-        return cls(EngineConfig.from_kwargs(**kwargs))
+        return cls.from_config(EngineConfig.from_kwargs(**kwargs))
 
     def _num_blocks_for_budget(self, arch: ArchConfig) -> int:
         cc = self.config.cache

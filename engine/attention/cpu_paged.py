@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from stallfree.engine.attention.base import ATTENTION_BACKENDS
 from stallfree.engine.attention.metadata import AttentionMetadata
-from stallfree.engine.attention.native import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_cpu_kernels
+from stallfree.engine.native.cpu_kernels import HEAD_DIM_MULTIPLE, KERNEL_SUFFIXES, load_cpu_kernels
 
 
-def cpu_paged_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    return (device.type == "cpu" and dtype in KERNEL_SUFFIXES and head_dim % HEAD_DIM_MULTIPLE == 0
-            and load_cpu_kernels() is not None)
-
-
+@ATTENTION_BACKENDS.register("cpu_paged")
 class CPUPagedAttention:
     """Cache layout per layer: ``[num_kv_heads, num_blocks, block_size, head_dim]`` for V; K has the same
     shape but each block holds its keys transposed (``k_cache.view(Hkv, num_blocks, head_dim, block_size)``),
@@ -27,6 +24,19 @@ class CPUPagedAttention:
     instruction: K as ``[head_dim / 2, block_size, 2]``, V as ``[block_size / 2, head_dim, 2]``. Only the
     kernel reads and writes the cache. Reads ``meta.query_start_loc``, ``meta.seq_lens`` and
     ``meta.block_tables``."""
+
+    auto_rank = 2
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+        return (device.type == "cpu" and dtype in KERNEL_SUFFIXES and head_dim % HEAD_DIM_MULTIPLE == 0
+                and load_cpu_kernels() is not None)
+
+    @classmethod
+    def create(cls, device: torch.device, dtype: torch.dtype, **dims) -> CPUPagedAttention:
+        if device.type != "cpu":
+            raise ValueError(f"model.attention_backend='cpu_paged' runs on CPU, not {device.type}; use 'sdpa'")
+        return cls(**dims, dtype=dtype)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, dtype: torch.dtype):
         if dtype not in KERNEL_SUFFIXES or head_dim % HEAD_DIM_MULTIPLE:

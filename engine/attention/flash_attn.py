@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from stallfree.engine.attention.base import ATTENTION_BACKENDS
 from stallfree.engine.attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
     return True
 
 
+@ATTENTION_BACKENDS.register("flash_attn")
 class FlashAttention:
     """Paged attention on ``flash_attn_varlen_func`` (CUDA, fp16/bf16).
 
@@ -51,6 +53,19 @@ class FlashAttention:
 
     ``varlen_func`` replaces ``flash_attn.flash_attn_varlen_func`` (tests pass a torch reference).
     """
+
+    auto_rank = 1  # after ``triton``
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+        return flash_attn_available(device, dtype)
+
+    @classmethod
+    def create(cls, device: torch.device, dtype: torch.dtype, **dims) -> FlashAttention:
+        if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"model.attention_backend='flash_attn' runs on CUDA in fp16/bf16, not {device.type} "
+                             f"{dtype}; use 'sdpa'")
+        return cls(**dims)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  varlen_func: Callable[..., torch.Tensor] | None = None):

@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from stallfree.engine.attention.base import ATTENTION_BACKENDS
 from stallfree.engine.attention.metadata import AttentionMetadata, bottom_right_causal_mask
 
 
+@ATTENTION_BACKENDS.register("sdpa")
 class SDPAAttention:
     """Portable backend on ``F.scaled_dot_product_attention`` (CPU and CUDA).
 
@@ -15,6 +17,16 @@ class SDPAAttention:
     batched matmuls consume without a further copy (the flash-attn layout, heads innermost, costs two
     extra copies per layer on the decode path).
     """
+
+    auto_rank = 3  # the fallback: runs anywhere
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+        return True
+
+    @classmethod
+    def create(cls, device: torch.device, dtype: torch.dtype, **dims) -> SDPAAttention:
+        return cls(**dims)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale

@@ -21,6 +21,7 @@ import os
 
 import torch
 
+from stallfree.engine.attention.base import ATTENTION_BACKENDS
 from stallfree.engine.attention.metadata import AttentionMetadata
 
 
@@ -45,6 +46,7 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
+@ATTENTION_BACKENDS.register("triton")
 class TritonAttention:
     """Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
 
@@ -58,6 +60,20 @@ class TritonAttention:
     """
 
     cuda_graph_safe = True
+    # First on CUDA although flash-attn's kernel is faster per call: only ``triton`` can be captured in
+    # the decode CUDA graphs, and without graphs every decode step pays its launches and host syncs.
+    auto_rank = 0
+
+    @staticmethod
+    def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+        return device.type == "cuda" and triton_available(device)  # never the CPU interpreter (tests only)
+
+    @classmethod
+    def create(cls, device: torch.device, dtype: torch.dtype, **dims) -> TritonAttention:
+        if not triton_available(device):
+            raise ValueError(f"model.attention_backend='triton' needs the triton package and a CUDA device (on CPU "
+                             f"only under TRITON_INTERPRET=1, for tests), not {device.type}; use 'sdpa'")
+        return cls(**dims, dtype=dtype)
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, dtype: torch.dtype, *,
                  tile_n: int | None = None, split_kv_below: int | None = None, num_segments: int = 16):

@@ -1,4 +1,4 @@
-"""The decoder layer's element-wise ops on the CPU through the native kernels (csrc/layer_ops.cpp).
+"""The decoder layer's element-wise ops on the CPU through the native kernels (engine/native/csrc/layer_ops.cpp).
 
 Why: eager PyTorch runs RMSNorm, the residual adds, rotary and SiLU-and-mul as ~25 small ops per layer.
 On the 2-core machines this project runs on they were ~15% of a `smollm2` decode step at batch 32 and
@@ -12,8 +12,8 @@ import ctypes
 import torch
 from torch import nn
 
-from stallfree.engine.attention.native import KERNEL_SUFFIXES, load_cpu_kernels
 from stallfree.engine.model.llama import ApplyRotary, RMSNorm, SiluAndMul
+from stallfree.engine.native.cpu_kernels import KERNEL_SUFFIXES, load_cpu_kernels
 
 
 def can_use_native_ops(device: torch.device, dtype: torch.dtype) -> bool:

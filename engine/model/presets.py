@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from stallfree.engine.cache_dir import cache_root
+
 PRESET_VERSION = 1
 PRESETS: dict[str, dict] = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -37,10 +39,6 @@ GGUF_PRESETS: dict[str, tuple[str, str]] = {
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("STALLFREE_CACHE", Path.home() / ".cache" / "stallfree"))
 
 
 def resolve_model_path(model: str) -> Path:

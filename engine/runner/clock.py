@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+from stallfree.engine.registry import Registry
 
 
 class Clock(Protocol):
@@ -15,6 +18,10 @@ class Clock(Protocol):
         ...
 
 
+CLOCKS: Registry[Callable[[], Clock]] = Registry("model.clock")  # the clock of a simulated runner
+
+
+@CLOCKS.register("real")
 class WallClock:
     def __call__(self) -> float:
         return time.time()
@@ -23,6 +30,7 @@ class WallClock:
         pass
 
 
+@CLOCKS.register("virtual")
 class VirtualClock:
     def __init__(self, start: float = 0.0):
         self.time = start

@@ -1,26 +1,45 @@
-"""Build the runner and clock that ``model.runner`` / ``model.clock`` name."""
+"""Build the runner and clock that ``model.runner`` / ``model.clock`` name: one builder per runner kind,
+registered in ``RUNNERS``. Nothing here profiles: a simulated runner gets its cost model resolved before
+the engine is built (engine/runner/profile.py:resolve_cost_model)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from stallfree.engine.attention import make_attention_backend
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.hydra_groups import require
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.loader import load_model
+from stallfree.engine.registry import Registry
 from stallfree.engine.runner.base import Runner
-from stallfree.engine.runner.clock import Clock, VirtualClock, WallClock
+from stallfree.engine.runner.clock import CLOCKS, Clock, VirtualClock, WallClock
 from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.kv_sizing import Baseline, CudaMemoryProbe
 from stallfree.engine.runner.model_runner import ModelRunner
-from stallfree.engine.runner.profile import ProfiledEngine, profile_cost_model
 from stallfree.engine.runner.simulated import SimulatedRunner
 
-RUNNERS = ("model", "simulated")
-CLOCKS = ("real", "virtual")
+
+@dataclass(frozen=True)
+class RunnerSetup:
+    """What a runner builder gets from the engine."""
+
+    config: EngineConfig
+    path: Path
+    arch: ArchConfig
+    max_model_len: int
+    num_blocks: int | None  # None (model runner on CUDA): the runner sizes the KV cache from measured memory
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: set[int]
+    cost_model: CostModel | None  # the simulated runner's, resolved before the engine is built
+
+
+RUNNERS: Registry[Callable[[RunnerSetup], tuple[Runner, Clock]]] = Registry("model.runner")
 
 
 def max_tokens_per_iteration(config: EngineConfig) -> int:
@@ -32,31 +51,35 @@ def max_tokens_per_iteration(config: EngineConfig) -> int:
 
 def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model_len: int, num_blocks: int | None,
                 dtype: torch.dtype, device: torch.device, eos_token_ids: set[int],
-                make_engine: Callable[[EngineConfig], ProfiledEngine]) -> tuple[Runner, Clock]:
-    """``make_engine`` builds a real engine for profiling a cost model when ``model.cost_model`` is unset.
-    ``num_blocks=None`` (model runner on CUDA): the runner sizes the KV cache from measured memory."""
-    mc = config.model
-    if mc.runner == "model":
-        memory = None
-        if num_blocks is None:
-            probe = CudaMemoryProbe(device)
-            memory = probe, Baseline.take(probe)  # before the weights load
-        model = load_model(path, arch, max_model_len, dtype, device)
-        attn = make_attention_backend(mc.attention_backend, device, dtype, num_heads=arch.num_heads,
-                                      num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-                                      scale=arch.head_dim ** -0.5)
-        runner = ModelRunner(model, attn, num_blocks, config.cache.block_size, dtype, device, mc.seed,
-                             cuda_graphs=mc.cuda_graphs, max_num_seqs=config.scheduler.max_num_seqs,
-                             max_model_len=max_model_len, max_num_batched_tokens=max_tokens_per_iteration(config),
-                             gpu_memory_utilization=config.cache.gpu_memory_utilization, memory=memory,
-                             op_split_every=mc.op_split_every,
-                             cpu_threads=CpuThreads() if device.type == "cpu" and mc.adaptive_cpu_threads else None)
-        return runner, WallClock()
-    if mc.runner == "simulated":
-        if mc.clock not in CLOCKS:
-            raise ValueError(f"unknown model.clock {mc.clock!r}; choose {' or '.join(CLOCKS)}")
-        cost_model = CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config, make_engine)
-        virtual = VirtualClock() if mc.clock == "virtual" else None
-        runner = SimulatedRunner(cost_model, arch.vocab_size, eos_token_ids, virtual, mc.seed)
-        return runner, virtual or WallClock()
-    raise ValueError(f"unknown model.runner {mc.runner!r}; choose {' or '.join(RUNNERS)}")
+                cost_model: CostModel | None = None) -> tuple[Runner, Clock]:
+    setup = RunnerSetup(config, path, arch, max_model_len, num_blocks, dtype, device, eos_token_ids, cost_model)
+    return RUNNERS[config.model.runner](setup)
+
+
+@RUNNERS.register("model")
+def model_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
+    mc, arch = s.config.model, s.arch
+    memory = None
+    if s.num_blocks is None:
+        probe = CudaMemoryProbe(s.device)
+        memory = probe, Baseline.take(probe)  # before the weights load
+    model = load_model(s.path, arch, s.max_model_len, s.dtype, s.device)
+    attn = make_attention_backend(mc.attention_backend, s.device, s.dtype, num_heads=arch.num_heads,
+                                  num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim, scale=arch.head_dim ** -0.5)
+    runner = ModelRunner(model, attn, s.num_blocks, s.config.cache.block_size, s.dtype, s.device, mc.seed,
+                         cuda_graphs=mc.cuda_graphs, max_num_seqs=s.config.scheduler.max_num_seqs,
+                         max_model_len=s.max_model_len, max_num_batched_tokens=max_tokens_per_iteration(s.config),
+                         gpu_memory_utilization=s.config.cache.gpu_memory_utilization, memory=memory,
+                         op_split_every=mc.op_split_every,
+                         cpu_threads=CpuThreads() if s.device.type == "cpu" and mc.adaptive_cpu_threads else None)
+    return runner, WallClock()
+
+
+@RUNNERS.register("simulated")
+def simulated_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
+    mc = s.config.model
+    clock = CLOCKS[mc.clock]()
+    require(s.cost_model is not None, "model.cost_model",
+            "set for runner=simulated, or the engine built with LLMEngine.from_config (which profiles one)", None)
+    virtual = clock if isinstance(clock, VirtualClock) else None  # without one the runner sleeps
+    return SimulatedRunner(s.cost_model, s.arch.vocab_size, s.eos_token_ids, virtual, mc.seed), clock

@@ -16,11 +16,12 @@ from typing import Protocol
 
 import torch
 
+from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import cpu_description
-from stallfree.engine.model.presets import cache_root
 from stallfree.engine.outputs import BatchRecord
 from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.clock import CLOCKS
 from stallfree.engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 
 PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
@@ -41,6 +42,17 @@ class ProfiledEngine(Protocol):
     def step(self) -> list: ...
 
     def has_unfinished(self) -> bool: ...
+
+
+def resolve_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig], ProfiledEngine]) -> CostModel | None:
+    """The cost model a simulated runner of ``config`` times iterations by: ``model.cost_model``, or one
+    profiled on this model's real runner (cached, see ``profile_cost_model``); None for other runners. A step
+    of its own, taken before the engine is built, since profiling builds real engines."""
+    mc = config.model
+    if mc.runner != "simulated" or mc.deployment is not None:
+        return None
+    CLOCKS[mc.clock]  # a bad model.clock fails before the profile runs, not after
+    return CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config, make_engine)
 
 
 def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig], ProfiledEngine], *,

@@ -13,21 +13,15 @@ from typing import ClassVar
 
 from stallfree.engine.config import SchedulerConfig
 from stallfree.engine.kv_cache import KVCacheManager
+from stallfree.engine.registry import Registry
 from stallfree.engine.request import Request, RequestStatus
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
-SCHEDULERS: dict[str, type[Scheduler]] = {}
-
-
-def register(cls: type[Scheduler]) -> type[Scheduler]:
-    SCHEDULERS[cls.name] = cls
-    return cls
+SCHEDULERS: Registry[type[Scheduler]] = Registry("scheduler")
 
 
 def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
                    eos_token_ids: set[int]) -> Scheduler:
-    if config.policy not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {config.policy!r}; choose one of {sorted(SCHEDULERS)}")
     return SCHEDULERS[config.policy](config, kv, max_model_len, eos_token_ids)
 
 
@@ -63,7 +57,6 @@ class Scheduler(ABC):
     neither scheduled again nor preempted until their micro-batch leaves the last stage.
     """
 
-    name: ClassVar[str]
     # Uses SchedulerConfig.chunk_size as its per-iteration token budget (others ignore chunk_size).
     chunked: ClassVar[bool] = False
     # Reserve KV blocks for the worst case (prompt + max_tokens) at admission instead of growing.

@@ -1,14 +1,13 @@
 """The paper's chunked-prefills-only ablation."""
 from __future__ import annotations
 
-from stallfree.engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import SCHEDULERS, Batch, Scheduler
 
 
-@register
+@SCHEDULERS.register("chunked_prefill")
 class ChunkedPrefillScheduler(Scheduler):
     """Chunked prefills without stall-free batching: prefill-chunk and decode iterations alternate."""
 
-    name = "chunked_prefill"
     chunked = True
 
     def __init__(self, config, kv, max_model_len, eos_token_ids):

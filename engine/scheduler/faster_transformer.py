@@ -1,14 +1,13 @@
 """FasterTransformer: request-level (static) batching, decode-prioritizing."""
 from __future__ import annotations
 
-from stallfree.engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import SCHEDULERS, Batch, Scheduler
 
 
-@register
+@SCHEDULERS.register("faster_transformer")
 class FasterTransformerScheduler(Scheduler):
     """Request-level batching: admit a batch only when nothing runs, then decode it to completion."""
 
-    name = "faster_transformer"
     reserve_worst_case = True
 
     def build_batch(self, now: float) -> Batch:

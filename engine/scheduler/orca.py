@@ -1,14 +1,13 @@
 """Orca: iteration-level hybrid batches with a worst-case KV reservation."""
 from __future__ import annotations
 
-from stallfree.engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import SCHEDULERS, Batch, Scheduler
 
 
-@register
+@SCHEDULERS.register("orca")
 class OrcaScheduler(Scheduler):
     """Iteration-level hybrid batches: all decodes + whole new prefills, worst-case KV reservation."""
 
-    name = "orca"
     reserve_worst_case = True
 
     def build_batch(self, now: float) -> Batch:

@@ -1,14 +1,13 @@
 """Sarathi-Serve: chunked prefills with stall-free batching."""
 from __future__ import annotations
 
-from stallfree.engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import SCHEDULERS, Batch, Scheduler
 
 
-@register
+@SCHEDULERS.register("sarathi")
 class SarathiScheduler(Scheduler):
     """Stall-free batching: every decode each iteration, prefill chunks fill the rest of ``chunk_size``."""
 
-    name = "sarathi"
     chunked = True
 
     def build_batch(self, now: float) -> Batch:

@@ -1,14 +1,13 @@
 """vLLM (v0 default) prefill-prioritizing policy."""
 from __future__ import annotations
 
-from stallfree.engine.scheduler.base import Batch, Scheduler, register
+from stallfree.engine.scheduler.base import SCHEDULERS, Batch, Scheduler
 
 
-@register
+@SCHEDULERS.register("vllm")
 class VLLMScheduler(Scheduler):
     """Prefill-prioritizing: whole prefills FCFS under a token budget; decode-only iterations otherwise."""
 
-    name = "vllm"
 
     def __init__(self, config, kv, max_model_len, eos_token_ids):
         super().__init__(config, kv, max_model_len, eos_token_ids)

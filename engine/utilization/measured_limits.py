@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.device import cpu_description
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack
-from stallfree.engine.model.presets import cache_root
 
 CPU = torch.device("cpu")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.bench_config import model_vocab_size
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
-from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
 from stallfree.loadgen.workload.request_specs import RequestSpec
@@ -81,6 +81,7 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
     return [records[spec.request_id] for spec in specs]
 
 
+@TARGETS.register("locust")
 class LocustTarget:
     """target=locust (see the module docstring)."""
 

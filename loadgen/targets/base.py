@@ -1,4 +1,5 @@
-"""The Target protocol: what a run replays its workload on (an engine in this process, a server)."""
+"""The Target protocol: what a run replays its workload on (an engine in this process, a server), and
+the registry of target classes by ``target.kind`` (conf/target/<kind>.yaml)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from stallfree.engine.registry import Registry
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
@@ -38,3 +40,11 @@ class Target(Protocol):
 
 
 TargetClass = Callable[["BenchConfig", Path], Target]
+# A kind's module registers its class when the kind is first used: none imports torch until it is made,
+# and the Locust target (loadgen/locust/target.py) lives outside this package.
+TARGETS: Registry[TargetClass] = Registry("target.kind", modules={
+    "inprocess": "stallfree.loadgen.targets.inprocess",
+    "http": "stallfree.loadgen.targets.openai_server",
+    "url": "stallfree.loadgen.targets.openai_server",
+    "locust": "stallfree.loadgen.locust.target",
+})

@@ -21,7 +21,7 @@ from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.sweep.bench_config import engine_config, model_vocab_size
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
-from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
     return Replay(records, [as_row(b) for b in engine.batch_records[first_batch:]])
 
 
+@TARGETS.register("inprocess")
 class InProcessTarget:
     """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
 

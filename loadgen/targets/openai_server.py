@@ -12,7 +12,7 @@ from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
 from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.bench_config import model_vocab_size
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
-from stallfree.loadgen.targets.base import Progress, Replay
+from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
@@ -46,6 +46,7 @@ class _OpenLoopHttpTarget:
         pass
 
 
+@TARGETS.register("url")
 class UrlTarget(_OpenLoopHttpTarget):
     """target=url: the running server at ``target.url``."""
 
@@ -54,6 +55,7 @@ class UrlTarget(_OpenLoopHttpTarget):
         super().__init__(cfg, check_server(self.url, cfg.target.served_model))
 
 
+@TARGETS.register("http")
 class HttpTarget(_OpenLoopHttpTarget):
     """target=http: a stallfree-serve of the run's server-side config, stopped by ``close``."""
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.attention.native import load_cpu_kernels
 from stallfree.engine.model import loader
+from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 from tests.helpers.engine import make_prompts, run_staggered
 
 MAX_TOKENS = 12

@@ -5,8 +5,9 @@ import shutil
 import pytest
 import torch
 
-from stallfree.engine.attention import CPUPagedAttention, SDPAAttention, make_attention_backend, native
+from stallfree.engine.attention import CPUPagedAttention, SDPAAttention, make_attention_backend
 from stallfree.engine.attention.metadata import bottom_right_causal_mask
+from stallfree.engine.native import cpu_kernels as native
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.scheduler.output import ScheduledUnit

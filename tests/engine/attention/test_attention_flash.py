@@ -11,6 +11,7 @@ import torch
 from stallfree.engine.attention.flash_attn import FlashAttention, flash_attn_available
 from stallfree.engine.attention.metadata import AttentionMetadata, PrefillSeq, bottom_right_causal_mask
 from stallfree.engine.attention.sdpa import SDPAAttention
+from stallfree.engine.attention.triton_unified import TritonAttention
 
 H, HKV, D, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 16, 4, 32
 SCALE = 1 / math.sqrt(D)
@@ -208,7 +209,7 @@ def test_a_broken_flash_attn_makes_auto_fall_back_with_a_warning(broken_flash_at
     cuda = torch.device("cuda")
     assert flash_attn_available(cuda, torch.bfloat16) is False
     assert "installed but does not import" in caplog.text and "undefined symbol" in caplog.text
-    monkeypatch.setattr(attention, "triton_available", lambda device: False)
+    monkeypatch.setattr(TritonAttention, "available", staticmethod(lambda device, dtype, head_dim: False))
     assert attention.auto_backend(cuda, torch.bfloat16, head_dim=128) == "sdpa"
     with pytest.raises(ValueError, match="undefined symbol"):  # chosen explicitly: a clear error
         FlashAttention(H, HKV, D, SCALE)
@@ -216,9 +217,9 @@ def test_a_broken_flash_attn_makes_auto_fall_back_with_a_warning(broken_flash_at
 
 def test_auto_prefers_the_graph_safe_triton_backend_on_cuda(monkeypatch):
     import stallfree.engine.attention as attention
-    monkeypatch.setattr(attention, "flash_attn_available", lambda device, dtype: True)
-    monkeypatch.setattr(attention, "triton_available", lambda device: True)
+    monkeypatch.setattr(FlashAttention, "available", staticmethod(lambda device, dtype, head_dim: True))
+    monkeypatch.setattr(TritonAttention, "available", staticmethod(lambda device, dtype, head_dim: True))
     assert attention.auto_backend(torch.device("cuda"), torch.bfloat16, head_dim=128) == "triton"
-    monkeypatch.setattr(attention, "triton_available", lambda device: False)
+    monkeypatch.setattr(TritonAttention, "available", staticmethod(lambda device, dtype, head_dim: False))
     assert attention.auto_backend(torch.device("cuda"), torch.bfloat16, head_dim=128) == "flash_attn"
     assert not getattr(FlashAttention, "cuda_graph_safe", False)

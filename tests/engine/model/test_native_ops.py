@@ -1,4 +1,4 @@
-"""The native layer ops (csrc/layer_ops.cpp) compute what the PyTorch modules they replace compute:
+"""The native layer ops (engine/native/csrc/layer_ops.cpp) compute what the PyTorch modules they replace compute:
 fp32 to rounding, bf16 with the same roundings as the unfused ops. Token equality with HF on models
 that use them is in test_engine_correctness.py."""
 import pytest

@@ -24,8 +24,7 @@ def model_runner(tiny_path):
     config = EngineConfig.from_kwargs(model=str(tiny_path), dtype="float32", attention_backend="sdpa",
                                       block_size=BLOCK_SIZE)
     runner, _ = make_runner(config, tiny_path, ArchConfig.from_dir(tiny_path), max_model_len=256, num_blocks=16,
-                            dtype=torch.float32, device=torch.device("cpu"), eos_token_ids=set(),
-                            make_engine=None)
+                            dtype=torch.float32, device=torch.device("cpu"), eos_token_ids=set())
     return runner
 
 

@@ -28,7 +28,7 @@ def test_target_class_implements_the_protocol(kind):
 
 
 def test_unknown_kind_is_a_config_error():
-    with pytest.raises(ConfigError, match="target.kind must be one of"):
+    with pytest.raises(ConfigError, match="unknown target.kind 'carrier-pigeon'; choose one of http, inprocess"):
         target_class("carrier-pigeon")
 
 

@@ -1,7 +1,7 @@
-"""Build and load the native CPU kernels (engine/attention/csrc: paged attention and the fused layer
+"""Build and load the native CPU kernels (engine/native/csrc: paged attention and the fused layer
 ops) with the system C++ compiler.
 
-The shared library is compiled once per source, flags and CPU (``-march=native``) into the preset
+The shared library is compiled once per source, flags and CPU (``-march=native``) into the engine's
 cache folder and loaded with ctypes; no torch headers are needed, so a build takes seconds. Where no
 compiler works, ``load_cpu_kernels`` returns None and the caller keeps the portable path.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from stallfree.engine.model.presets import cache_root
+from stallfree.engine.cache_dir import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@
 // One task per (sequence, kv head, tile of query tokens): the tile's rows are its tokens x the query heads
 // of the GQA group, so each K/V element loaded serves all of them. A task walks its keys in chunks with an
 // fp32 online softmax (FlashAttention-2); the causal mask is aligned bottom-right: query i of a sequence
-// with `context` cached tokens sees keys 0 .. context + i. Built by engine/attention/native.py with
+// with `context` cached tokens sees keys 0 .. context + i. Built by engine/native/cpu_kernels.py with
 // -fopenmp; the OpenMP runtime is the one torch already loaded (same soname), so threads are shared.
 #include <algorithm>
 #include <cmath>
