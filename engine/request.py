@@ -31,9 +31,9 @@ class SamplingParams:
         """Raise InvalidParam (a ValueError) naming the first field outside its range (engine.request_limits)."""
         for name in ("max_tokens", "temperature", "top_p", "top_k"):
             RANGES[name].check(name, getattr(self, name))
-        for name in ("seed", "logprobs", "prompt_logprobs"):
+        for name, limit in (("seed", "seed"), ("logprobs", "logprobs"), ("prompt_logprobs", "logprobs")):
             if getattr(self, name) is not None:
-                RANGES[name].check(name, getattr(self, name))
+                RANGES[limit].check(name, getattr(self, name))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParam("ignore_eos", f"ignore_eos must be true or false, got {short_repr(self.ignore_eos)}")
         ids, size = self.stop_token_ids, SIZES["stop_token_ids"]
