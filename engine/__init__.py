@@ -14,12 +14,13 @@ _EXPORTS = {
     "SchedulerConfig": "stallfree.engine.config",
     "SamplingParams": "stallfree.engine.request", "RequestMetrics": "stallfree.engine.request", "RequestStatus": "stallfree.engine.request",
     "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.outputs",
+    "TokenLogprob": "stallfree.engine.outputs",
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
     "CostModel": "stallfree.engine.runner.cost_model", "profile_cost_model": "stallfree.engine.runner.profile",
     "first_lone_surrogate": "stallfree.engine.tokenizer",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
-           "RequestMetrics", "RequestStatus", "RequestOutput", "BatchRecord", "SCHEDULERS", "resolve_model_path",
+           "RequestMetrics", "RequestStatus", "RequestOutput", "TokenLogprob", "BatchRecord", "SCHEDULERS", "resolve_model_path",
            "CostModel", "profile_cost_model", "first_lone_surrogate"]
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
     from stallfree.engine.llm import LLM
     from stallfree.engine.model.presets import resolve_model_path
-    from stallfree.engine.outputs import BatchRecord, RequestOutput
+    from stallfree.engine.outputs import BatchRecord, RequestOutput, TokenLogprob
     from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams
     from stallfree.engine.runner.cost_model import CostModel
     from stallfree.engine.runner.profile import profile_cost_model

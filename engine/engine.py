@@ -12,7 +12,7 @@ from stallfree.engine.device import resolve_device, resolve_dtype
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.outputs import BatchRecord, RequestOutput, TokenLogprob
 from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.cost_model import CostModel
@@ -130,6 +130,9 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
+        if (params.logprobs is not None or params.prompt_logprobs is not None) and \
+                not hasattr(self.runner, "take_logprobs"):
+            raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
         vocab = self.vocab_size
         if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
@@ -175,7 +178,11 @@ class LLMEngine:
             sampled, errors = execute_isolating(self.runner, scheduler_output, exc)
             scheduler_output, failed = self._fail_requests(scheduler_output, errors)
         end = self.clock()
+        sample_logprobs = self._keep_prompt_logprobs()
         updated = self.scheduler.update_from_output(scheduler_output, sampled, end)
+        for request in updated:
+            if request.logprobs is not None:
+                request.logprobs.append(sample_logprobs[request.request_id])
         self._record(scheduler_output, start, end)
         return [self._output(request, request.output_token_ids[-1:]) for request in updated] + failed
 
@@ -236,6 +243,17 @@ class LLMEngine:
 
     # -- internals ---------------------------------------------------------------------------------
 
+    def _keep_prompt_logprobs(self) -> dict[str, TokenLogprob]:
+        """Append the step's prompt logprobs to their requests; the sampled tokens' logprobs, by request id."""
+        take = getattr(self.runner, "take_logprobs", None)
+        if take is None:
+            return {}
+        sample_logprobs, prompt_logprobs = take()
+        for request_id, logprobs in prompt_logprobs.items():
+            if (request := self.scheduler.requests.get(request_id)) is not None:  # None: aborted meanwhile
+                request.prompt_logprobs += logprobs
+        return sample_logprobs
+
     def _fail_requests(self, output: SchedulerOutput,
                        errors: dict[str, Exception]) -> tuple[SchedulerOutput, list[RequestOutput]]:
         """End the requests a step failed on (status "error", blocks freed); the step without them."""
@@ -257,4 +275,6 @@ class LLMEngine:
             text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
             if finished and self.tokenizer is not None else "",
             finished=finished, finish_reason=request.status.value if finished else None,
-            metrics=request.metrics, error=error)
+            metrics=request.metrics, error=error,
+            logprobs=None if request.logprobs is None else list(request.logprobs),
+            prompt_logprobs=request.prompt_logprobs)

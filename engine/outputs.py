@@ -7,6 +7,16 @@ from stallfree.engine.request import RequestMetrics
 
 
 @dataclass
+class TokenLogprob:
+    """One token's log-probability under the model's raw distribution at its position (vLLM's Logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 + the number of tokens more likely than it
+    top: list[tuple[int, float]]  # the k most likely (token id, logprob), most likely first
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
@@ -17,6 +27,8 @@ class RequestOutput:
     finish_reason: str | None  # stop | length | abort | error
     metrics: RequestMetrics  # the request's timings so far
     error: str | None = None  # finish_reason "error": what its step raised (the other requests carried on)
+    logprobs: list[TokenLogprob] | None = None  # one per entry of token_ids (SamplingParams.logprobs set)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, the first None
 
 
 @dataclass

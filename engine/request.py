@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stallfree.engine.request_limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
+
+if TYPE_CHECKING:
+    from stallfree.engine.outputs import TokenLogprob
 
 
 @dataclass
@@ -18,13 +22,18 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    # As vLLM's: the log-probability of each sampled token plus the k most likely, from the model's raw
+    # logits (before temperature, top-k and top-p); None: not computed (no cost).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token given its prefix (the first: None)
 
     def validate(self) -> None:
         """Raise InvalidParam (a ValueError) naming the first field outside its range (engine.request_limits)."""
         for name in ("max_tokens", "temperature", "top_p", "top_k"):
             RANGES[name].check(name, getattr(self, name))
-        if self.seed is not None:
-            RANGES["seed"].check("seed", self.seed)
+        for name, limit in (("seed", "seed"), ("logprobs", "logprobs"), ("prompt_logprobs", "logprobs")):
+            if getattr(self, name) is not None:
+                RANGES[limit].check(name, getattr(self, name))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParam("ignore_eos", f"ignore_eos must be true or false, got {short_repr(self.ignore_eos)}")
         ids, size = self.stop_token_ids, SIZES["stop_token_ids"]
@@ -68,6 +77,10 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.output_token_ids: list[int] = []
+        # Filled only when the params ask: one entry per output token; per prompt token (the first None).
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = \
+            [None] if params.prompt_logprobs is not None else None
         self.num_tokens = len(self.prompt_token_ids)  # prompt + output; kept by append_output (read every step)
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING

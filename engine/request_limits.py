@@ -70,14 +70,14 @@ RANGES: dict[str, Range] = {
     "seed": Range(INT64_MIN, 2**64 - 1, integer=True),  # what torch.Generator.manual_seed takes
     "stop_token_ids": Range(0, INT64_MAX, integer=True),  # each id
     "n": Range(1, 1, integer=True),
+    "logprobs": Range(0, 20, integer=True),  # top-k per token (vLLM's cap); also prompt_logprobs; chat: top_logprobs
+    "top_logprobs": Range(0, 20, integer=True),
     # Accepted by the server only at their defaults (see NOT_SUPPORTED in engine/server/protocol.py).
     "min_p": Range(0, 1),
     "presence_penalty": Range(-2, 2),
     "frequency_penalty": Range(-2, 2),
     "repetition_penalty": Range(0, 2, low_open=True),
     "logit_bias": Range(-100, 100),  # each bias; keys are token ids
-    "logprobs": Range(0, 20, integer=True),  # completions: how many; chat: see top_logprobs
-    "top_logprobs": Range(0, 20, integer=True),
 }
 
 SIZES: dict[str, Size] = {

@@ -5,9 +5,11 @@ import logging
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from stallfree.engine.model.llama import LlamaForCausalLM
+from stallfree.engine.outputs import TokenLogprob
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.runner.cpu_threads import CpuThreads
@@ -21,6 +23,7 @@ from stallfree.engine.runner.kv_sizing import (
     kv_cache_bytes,
     measure,
 )
+from stallfree.engine.runner.logprobs import PromptRows, prompt_rows, split_prompt_logprobs, token_logprobs
 from stallfree.engine.runner.sampler import sample
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.utilization import OperatorSplit, SplitSampler
@@ -68,6 +71,9 @@ class ModelRunner:
         self.last_operator_split: OperatorSplit | None = None  # of the last iteration, when it was sampled
         self.cpu_threads = cpu_threads
         self.last_cpu_threads = torch.get_num_threads() if device.type == "cpu" else 0
+        # Logprobs of the requests that ask, until the engine takes them (take_logprobs).
+        self.sample_logprobs: dict[str, TokenLogprob] = {}
+        self.prompt_logprobs: dict[str, list[TokenLogprob]] = {}
         if use_graphs:
             self.decode_graphs = DecodeGraphs(model, attn_backend, self.kv_caches, max_num_seqs=max_num_seqs,
                                               max_blocks_per_seq=-(-max_model_len // block_size),
@@ -84,8 +90,12 @@ class ModelRunner:
         if self.cpu_threads is not None:
             self.last_cpu_threads = self.cpu_threads.update()
         host = prepare_host_batch(units, self.block_size)
+        rows = prompt_rows(units, host.query_start_loc)
+        num_sampling = len(host.logits_indices)
+        if rows is not None:  # the model also returns the logits of these prompt positions, after the others
+            host.logits_indices = np.concatenate((host.logits_indices, rows.flat_indices))
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
-        decode_only = host.num_decodes == len(units)
+        decode_only = host.num_decodes == len(units) and rows is None
         split = None
         if decode_only and self.decode_graphs and self.decode_graphs.fits(len(units), host.block_tables.shape[1]):
             logits = self.decode_graphs.run(input_ids, positions, meta)  # a graph replay is never split
@@ -94,10 +104,30 @@ class ModelRunner:
             backend = self.attn_backend if split is None else split.backend
             logits = self.model(input_ids, positions, backend, self.kv_caches, meta, logits_indices)
         sampling = [u for u in units if u.samples]
-        tokens = sample(logits, [u.sampling_params for u in sampling],
+        sample_logits = logits if rows is None else logits[:num_sampling]
+        tokens = sample(sample_logits, [u.sampling_params for u in sampling],
                         [self._generator(u.request_id, u.sampling_params) for u in sampling])
+        self._keep_logprobs(logits, num_sampling, sampling, tokens, rows)
         self.last_operator_split = None if split is None else split.finish()
         return {u.request_id: t for u, t in zip(sampling, tokens.tolist(), strict=True)}  # one device->host copy
+
+    def _keep_logprobs(self, logits: torch.Tensor, num_sampling: int, sampling: list[ScheduledUnit],
+                       tokens: torch.Tensor, rows: PromptRows | None) -> None:
+        asking = [i for i, u in enumerate(sampling) if u.sampling_params.logprobs is not None]
+        if asking:
+            index = torch.tensor(asking, device=logits.device)
+            found = token_logprobs(logits[index], tokens[index], [sampling[i].sampling_params.logprobs for i in asking])
+            self.sample_logprobs |= {sampling[i].request_id: lp for i, lp in zip(asking, found, strict=True)}
+        if rows is not None:
+            targets = torch.tensor(rows.targets, device=logits.device)
+            self.prompt_logprobs |= split_prompt_logprobs(rows, token_logprobs(logits[num_sampling:], targets, rows.ks))
+
+    def take_logprobs(self) -> tuple[dict[str, TokenLogprob], dict[str, list[TokenLogprob]]]:
+        """The logprobs computed since the last call: of sampled tokens, and of prompt tokens (each
+        request's next rows), by request id."""
+        taken = self.sample_logprobs, self.prompt_logprobs
+        self.sample_logprobs, self.prompt_logprobs = {}, {}
+        return taken
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:

@@ -98,7 +98,16 @@ class Scheduler(ABC):
                              samples=start + n == request.num_tokens,
                              block_table=list(self.kv.block_tables[request.request_id])
                              if self.snapshot_block_tables else [],
-                             sampling_params=request.params)
+                             sampling_params=request.params, prompt_logprob_targets=self._prompt_targets(request, n))
+
+    @staticmethod
+    def _prompt_targets(request: Request, n: int) -> tuple[int, ...]:
+        """The prompt tokens a unit of ``n`` tokens scores for prompt_logprobs; none once all are scored
+        (a recompute after preemption scores nothing twice)."""
+        start, scored = request.num_computed_tokens, request.prompt_logprobs
+        if scored is None or len(scored) != start + 1 or start + 1 >= request.num_prompt_tokens:
+            return ()
+        return tuple(request.prompt_token_ids[start + 1:min(start + n + 1, request.num_prompt_tokens)])
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int], now: float) -> list[Request]:
         """Apply a step's result: advance each unit's computed tokens, append the sampled tokens (stamped

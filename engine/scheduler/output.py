@@ -25,6 +25,9 @@ class ScheduledUnit:
     # KV block ids of this request at scheduling time; they hold slots for every token of this step.
     block_table: list[int]
     sampling_params: SamplingParams
+    # Requests asking prompt_logprobs: the prompt tokens this step's positions predict, in order (position
+    # num_computed_tokens + j predicts token j of these); empty otherwise.
+    prompt_logprob_targets: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:

@@ -26,6 +26,7 @@ from stallfree.engine.server.http import (
     SSEResponse,
     until_disconnected,
 )
+from stallfree.engine.server.logprobs_format import LogprobFormat
 from stallfree.engine.server.loop import EngineLoop
 from stallfree.engine.server.metrics import ServerMetrics
 from stallfree.engine.server.openai_format import OpenAIFormat, collect, stream_events
@@ -111,6 +112,12 @@ class ServerState:
                            f"got {short_repr(max(ids))}", param="prompt", code="invalid_value")
         return ids
 
+    def prompt_text(self, prompt: str | list[int], ids: list[int]) -> str:
+        """The text echo puts before a choice: the prompt as sent, a token-id prompt decoded."""
+        if isinstance(prompt, str):
+            return prompt
+        return "" if self.tokenizer is None else self.tokenizer.decode(ids)
+
     def render_chat(self, messages: list[ChatMessage]) -> list[int]:
         self.require_tokenizer("messages")
         for i, m in enumerate(messages):
@@ -129,7 +136,7 @@ class ServerState:
         if len(prompts) > min(MAX_PROMPTS_PER_REQUEST, self.cfg.max_waiting):
             raise APIError(400, f"at most {min(MAX_PROMPTS_PER_REQUEST, self.cfg.max_waiting)} prompts per request",
                            param="prompt")
-        params = []
+        params, (logprobs, prompt_logprobs) = [], body.engine_logprobs()
         for p in prompts:
             budget = self.max_model_len - len(p)
             if budget < 1 or (max_tokens is not None and max_tokens > budget):
@@ -139,7 +146,8 @@ class ServerState:
                                code="context_length_exceeded")
             sp = SamplingParams(max_tokens=max_tokens or budget, temperature=body.temperature, top_p=body.top_p,
                                 top_k=body.top_k, seed=body.seed, ignore_eos=body.ignore_eos,
-                                stop_token_ids=body.stop_token_ids or [])
+                                stop_token_ids=body.stop_token_ids or [], logprobs=logprobs,
+                                prompt_logprobs=prompt_logprobs)
             try:
                 sp.validate()  # the schema checked the same ranges (engine.request_limits): this never raises
             except InvalidParam as exc:
@@ -191,7 +199,7 @@ def build_app(engine: EngineConfig | dict | None = None, server_cfg: ServerConfi
         return Response(status_code=499)
 
     async def generate(request: Request, body: CompletionRequest | ChatCompletionRequest,
-                       prompts: list[list[int]], max_tokens: int | None) -> Response:
+                       prompts: list[list[int]], max_tokens: int | None, echo: list[str] | None = None) -> Response:
         body.check_supported()
         if body.stop:  # matched on the decoded text, which needs the tokenizer
             st.require_tokenizer("stop")
@@ -200,7 +208,8 @@ def build_app(engine: EngineConfig | dict | None = None, server_cfg: ServerConfi
         gen = await Generation.start(st.engine_loop, st.tokenizer, prompts, params, body.stop or [], rid,
                                      request.state.arrival_time)
         chat = isinstance(body, ChatCompletionRequest)
-        fmt = OpenAIFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", st.model_name)
+        fmt = OpenAIFormat(chat, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", st.model_name,
+                           LogprobFormat(st.tokenizer, chat) if params[0].logprobs is not None else None, echo)
         if body.stream:
             return SSEResponse(stream_events(gen, fmt, body.include_usage, body.continuous_usage), on_close=gen.close,
                                headers={"Cache-Control": "no-cache"})
@@ -212,7 +221,10 @@ def build_app(engine: EngineConfig | dict | None = None, server_cfg: ServerConfi
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:
         st.check_model(body.model)
-        return await generate(request, body, [st.encode(p) for p in body.prompts()], body.max_tokens)
+        texts = body.prompts()
+        prompts = [st.encode(p) for p in texts]
+        echo = [st.prompt_text(text, ids) for text, ids in zip(texts, prompts, strict=True)] if body.echo else None
+        return await generate(request, body, prompts, body.max_tokens, echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:

@@ -5,7 +5,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from stallfree.engine import RequestMetrics, RequestOutput, SamplingParams
+from stallfree.engine import RequestMetrics, RequestOutput, SamplingParams, TokenLogprob
+from stallfree.engine.server.logprobs_format import Entry
 from stallfree.engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
 from stallfree.engine.server.protocol import APIError
 from stallfree.engine.server.text import ChoiceText
@@ -20,6 +21,8 @@ class TokenEvent:
     text: str  # text completed by this token (may be empty)
     finish_reason: str | None = None  # set on the choice's last token
     timings: dict | None = None  # server-side timings, with finish_reason
+    logprob: TokenLogprob | None = None  # the request asked for logprobs
+    prompt: list[Entry] | None = None  # on the choice's first token, when it asked for prompt logprobs
 
 
 @dataclass
@@ -103,22 +106,25 @@ class Generation:
 
     def _token_events(self, choice: _Choice, index: int, out: RequestOutput) -> list[TokenEvent]:
         events = []
+        first_new = len(out.token_ids) - len(out.new_token_ids)
         for k, token in enumerate(out.new_token_ids):
             if choice.done:  # outputs still in flight after a stop string ended the choice
                 break
             choice.num_tokens += 1
             text, stopped = choice.text.push(token)
+            ev = TokenEvent(index, token, text, logprob=None if out.logprobs is None else out.logprobs[first_new + k],
+                            prompt=list(zip(out.prompt_token_ids, out.prompt_logprobs, strict=True))
+                            if out.prompt_logprobs is not None and choice.num_tokens == 1 else None)
             if stopped:
                 choice.done = True
                 self.engine_loop.abort(choice.request_id, reason="stop")
                 choice.timings = server_timings(out.metrics, choice.num_tokens, time.time())
-                events.append(TokenEvent(index, token, text, "stop", choice.timings))
+                ev.finish_reason, ev.timings = "stop", choice.timings
             elif out.finished and k == len(out.new_token_ids) - 1:
                 choice.done = True
                 rest, stopped = choice.text.finish()
                 choice.timings = server_timings(out.metrics, choice.num_tokens, out.metrics.finish_time)
-                events.append(TokenEvent(index, token, text + rest, "stop" if stopped else out.finish_reason,
-                                         choice.timings))
-            else:
-                events.append(TokenEvent(index, token, text))
+                ev.text, ev.finish_reason, ev.timings = text + rest, "stop" if stopped else out.finish_reason, \
+                    choice.timings
+            events.append(ev)
         return events

@@ -6,14 +6,18 @@ import time
 from collections.abc import AsyncIterator
 
 from stallfree.engine.server.generate import Generation, TokenEvent, api_error
+from stallfree.engine.server.logprobs_format import Entry, LogprobFormat
 from stallfree.engine.server.loop import EngineDead, EngineFailed
 
 
 class OpenAIFormat:
     """Builds completion / chat.completion responses and stream chunks."""
 
-    def __init__(self, chat: bool, response_id: str, model: str):
-        self.chat = chat
+    def __init__(self, chat: bool, response_id: str, model: str, logprobs: LogprobFormat | None = None,
+                 echo: list[str] | None = None):
+        """``logprobs``: the request asked for them; ``echo``: each choice's prompt text, put before its text."""
+        self.chat, self.logprobs, self.echo = chat, logprobs, echo
+        self.text_offsets: dict[int, int] = {}  # streaming: each choice's logprob token characters so far
         self.id = response_id
         self.model = model
         self.created = int(time.time())
@@ -25,15 +29,27 @@ class OpenAIFormat:
 
     def chunk(self, ev: TokenEvent, first: bool) -> dict:
         choice: dict = {"index": ev.index}
+        text = self.echo[ev.index] + ev.text if self.echo and first else ev.text
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": ev.text} if first else {"content": ev.text}
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
         else:
-            choice["text"] = ev.text
-        choice |= {"logprobs": None, "finish_reason": ev.finish_reason, "token_ids": [ev.token_id]}
+            choice["text"] = text
+        logprobs = None
+        if self.logprobs is not None:
+            entries = self._entries(ev)
+            logprobs = self.logprobs.choice(entries, self.text_offsets.get(ev.index, 0))
+            self.text_offsets[ev.index] = self.text_offsets.get(ev.index, 0) + sum(
+                len(self.logprobs.token(token_id)) for token_id, _ in entries)
+        choice |= {"logprobs": logprobs, "finish_reason": ev.finish_reason, "token_ids": [ev.token_id]}
         chunk = self._envelope(self.chunk_object, [choice])
         if ev.timings is not None:
             chunk["stallfree"] = ev.timings
         return chunk
+
+    @staticmethod
+    def _entries(ev: TokenEvent) -> list[Entry]:
+        """The logprob entries of an event: the prompt's (echo, on a choice's first token), then its token's."""
+        return [*(ev.prompt or []), (ev.token_id, ev.logprob)]
 
     def usage_chunk(self, usage: dict, timings: dict | None) -> dict:
         """The final chunk (include_usage); single-prompt requests repeat their timings here."""
@@ -41,17 +57,20 @@ class OpenAIFormat:
         return chunk if timings is None else chunk | {"stallfree": timings}
 
     def response(self, events: list[TokenEvent], num_choices: int, usage: dict) -> dict:
-        texts = [""] * num_choices
+        texts = list(self.echo) if self.echo else [""] * num_choices
         token_ids: list[list[int]] = [[] for _ in range(num_choices)]
+        entries: list[list[Entry]] = [[] for _ in range(num_choices)]
         last: list[TokenEvent] = [events[0]] * num_choices  # every choice ends with a finish_reason event
         for ev in events:
             texts[ev.index] += ev.text
             token_ids[ev.index].append(ev.token_id)
+            entries[ev.index] += self._entries(ev)
             if ev.finish_reason is not None:
                 last[ev.index] = ev
         choices = [{"index": i,
                     **({"message": {"role": "assistant", "content": texts[i]}} if self.chat else {"text": texts[i]}),
-                    "logprobs": None, "finish_reason": last[i].finish_reason, "token_ids": token_ids[i],
+                    "logprobs": None if self.logprobs is None else self.logprobs.choice(entries[i], 0),
+                    "finish_reason": last[i].finish_reason, "token_ids": token_ids[i],
                     "stallfree": last[i].timings} for i in range(num_choices)]
         body = self._envelope(self.object, choices) | {"usage": usage}
         return body if num_choices > 1 else body | {"stallfree": choices[0]["stallfree"]}

@@ -46,12 +46,12 @@ StopTokenIds = Annotated[list[bounded(int, "stop_token_ids")], Field(max_length=
 LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,19}$")], bounded(float, "logit_bias")],
                       Field(max_length=SIZES["logit_bias"].max_items)]
 # OpenAI / vLLM parameters the server does not implement, and the values that ask for nothing: any other
-# value is a 400 naming the parameter, never silently ignored (clients rely on them). The first eight are
-# fields with a range (checked first); the others are not fields of the schema.
+# value is a 400 naming the parameter, never silently ignored (clients rely on them). The first five are
+# fields with a range (checked first); the others are not fields of the schema. best_of: only n (which is 1).
 NOT_SUPPORTED: dict[str, tuple] = {
     "min_p": (None, 0), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None,),
-    "echo": (False,), "best_of": (None, 1), "suffix": (None,), "use_beam_search": (False,),
+    "repetition_penalty": (None, 1), "logit_bias": (None, {}),
+    "best_of": (None, 1), "suffix": (None,), "use_beam_search": (False,),
     "prompt_logprobs": (None,), "tools": (None, []), "response_format": (None,), "min_tokens": (None, 0),
 }
 
@@ -153,7 +153,11 @@ class CompletionRequest(_GenerationRequest):
     prompt: Prompt
     max_tokens: bounded(int, "max_tokens") = 16
     logprobs: bounded(int, "logprobs") | None = None
-    echo: bool = False
+    echo: bool = False  # the prompt's text before the choice's (and with logprobs, its tokens' logprobs)
+
+    def engine_logprobs(self) -> tuple[int | None, int | None]:
+        """SamplingParams' (logprobs, prompt_logprobs)."""
+        return self.logprobs, self.logprobs if self.echo else None
 
     @field_validator("prompt", mode="wrap")
     @classmethod
@@ -190,7 +194,14 @@ class ChatCompletionRequest(_GenerationRequest):
     max_tokens: bounded(int, "max_tokens") | None = None  # default: the rest of the context window
     max_completion_tokens: bounded(int, "max_tokens") | None = None
     logprobs: bool = False
-    top_logprobs: bounded(int, "top_logprobs") | None = None
+    top_logprobs: bounded(int, "top_logprobs") | None = None  # needs logprobs: true
+
+    def engine_logprobs(self) -> tuple[int | None, int | None]:
+        """SamplingParams' (logprobs, prompt_logprobs); a 400 for top_logprobs without logprobs (as vLLM)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs",
+                           code="invalid_value")
+        return (self.top_logprobs or 0) if self.logprobs else None, None
 
 
 class TokenizeRequest(_Model):
