@@ -25,39 +25,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.lib.burner import Burner
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 
 PROMPTS, PROMPT_LEN, OUTPUT_LEN = 4, 512, 32
-BURNER = """import sys, time
-duty = float(sys.argv[1])
-while True:
-    end = time.perf_counter() + 0.01 * duty
-    while time.perf_counter() < end:
-        pass
-    if duty < 1:
-        time.sleep(0.01 * (1 - duty))
-"""
-
-
-class Burner:
-    """A process keeping ``duty`` of one core busy (0: none)."""
-
-    def __init__(self, duty: float):
-        self.duty, self.proc = duty, None
-
-    def __enter__(self):
-        if self.duty > 0:
-            self.proc = subprocess.Popen([sys.executable, "-c", BURNER, str(self.duty)])
-            time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc:
-            self.proc.kill()
-            self.proc.wait()
-
-
 def run_offline(engine: LLMEngine, prompts: list[list[int]]) -> dict:
     params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0.0, ignore_eos=True)
     engine.pop_batch_records()

@@ -34,7 +34,7 @@ def probe(args: argparse.Namespace) -> dict:
     cfg = compose("bench", [f"model={args.model}", f"scheduler={args.scheduler}", f"workload={args.workload}",
                             "workload.lengths.scale=1", f"workload.max_total_tokens={args.max_total_tokens}"],
                   "simulator_speed")
-    engine = LLMEngine(engine_config(typed(ModelGroup, cfg["model"], "model."),
+    engine = LLMEngine.from_config(engine_config(typed(ModelGroup, cfg["model"], "model."),
                                      typed(SchedulerGroup, cfg["scheduler"], "scheduler."), args.chunk_size))
     specs = build_workload({"kind": "poisson", "qps": args.qps}, cfg["workload"]["lengths"], args.num_requests,
                            0, engine.vocab_size, args.max_total_tokens)

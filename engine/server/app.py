@@ -163,7 +163,7 @@ def build_app(engine: EngineConfig | dict | None = None, server_cfg: ServerConfi
     cfg.validate()
     config = engine if isinstance(engine, EngineConfig) else EngineConfig.from_kwargs(**(engine or {}))
     history = BatchHistory(cfg.batch_history_max_records, cfg.batch_history_max_age_s)
-    engine_loop = EngineLoop(lambda: LLMEngine(config), cfg.max_waiting, history)
+    engine_loop = EngineLoop(lambda: LLMEngine.from_config(config), cfg.max_waiting, history)
     engine = engine_loop.engine
     model_name = cfg.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name, engine.max_model_len)

@@ -41,4 +41,4 @@ def build_simulation(config: EngineConfig) -> Simulation:
     resolved = deployment.resolve()
     arch = arch_from_shape(resolved.shape, mc.max_model_len or DEFAULT_MAX_MODEL_LEN)
     memory = plan_memory(deployment, resolved.shape, resolved.gpu, config.cache.block_size)
-    return Simulation(deployment, arch, memory, DeploymentRunner(deployment, resolved, mc.seed))
+    return Simulation(deployment, arch, memory, DeploymentRunner(deployment, resolved, mc.seed, mc.op_split_every))

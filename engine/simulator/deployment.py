@@ -31,6 +31,8 @@ class Deployment:
     activation_reserve_gib: float | None = None  # per GPU, for activations; None: engine.simulator.memory_plan estimates it
     max_batch_size: int = 128  # requests in one batch at most (vLLM's max_num_seqs; the paper also uses 32, 64)
     dtype_bytes: int = 2  # bf16/fp16 weights and KV cache
+    # micro-batches in flight at most; None: one per stage (PP). 1: one iteration at a time (the studies)
+    max_in_flight: int | None = None
 
     @classmethod
     def from_config(cls, values: Mapping) -> Deployment:
@@ -48,6 +50,9 @@ class Deployment:
             require(is_int(value) and value >= 1, f"{KEY}.{key}", "an integer >= 1", value)
         util = values.get("gpu_memory_utilization", 0.9)
         require(is_number(util) and 0 < util <= 1, f"{KEY}.gpu_memory_utilization", "a number in (0, 1]", util)
+        in_flight = values.get("max_in_flight")
+        require(in_flight is None or (is_int(in_flight) and in_flight >= 1), f"{KEY}.max_in_flight",
+                "an integer >= 1 or null", in_flight)
         reserve = values.get("activation_reserve_gib")
         require(reserve is None or (is_number(reserve) and reserve >= 0), f"{KEY}.activation_reserve_gib",
                 "a number >= 0 or null", reserve)

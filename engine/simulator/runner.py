@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.simulator.deployment import Deployment, Resolved
 from stallfree.engine.simulator.pipeline import MicroBatchTiming, Pipeline
+from stallfree.engine.utilization import MachineLimits, OperatorSplit
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,21 @@ class DeploymentRunner:
     pipelined = True  # the engine submits micro-batches and collects them as they leave the last stage
     reads_block_tables = False  # the scheduler need not copy them into its snapshots
 
-    def __init__(self, deployment: Deployment, resolved: Resolved, seed: int):
+    def __init__(self, deployment: Deployment, resolved: Resolved, seed: int, op_split_every: int = 0):
         self.deployment, self.cost_model, self.stage_batch_of = deployment, resolved.cost_model, resolved.stage_batch_of
         self.stage_layers = deployment.stage_layers(resolved.shape.num_layers)
         self.vocab_size = resolved.shape.vocab_size
         self.pipeline = Pipeline(deployment.pp)
         self.in_flight: deque[MicroBatch] = deque()
         self.rng = random.Random(seed)
+        # MFU / MBU against the GPUs of one stage (TP of them): a micro-batch's stages run one after another,
+        # so its model FLOPs over its time and one stage's peak is the utilisation of the GPUs while they work.
+        gpu = resolved.gpu
+        self.machine_limits = MachineLimits(f"{gpu.name} x{deployment.tp} (TP{deployment.tp}-PP{deployment.pp})",
+                                            "bfloat16", gpu.peak_tflops_bf16 * 1e12 * deployment.tp,
+                                            gpu.mem_bandwidth_gbps * 1e9 * deployment.tp, "published")
+        self.op_split_every, self.iterations = op_split_every, 0
+        self.last_operator_split: OperatorSplit | None = None  # of the micro-batch last submitted, when sampled
 
     def stage_seconds(self, output: SchedulerOutput) -> tuple[list[float], float]:
         """Each stage's busy time for this micro-batch, and the send time between stages."""
@@ -53,15 +62,25 @@ class DeploymentRunner:
 
     def submit(self, output: SchedulerOutput, now: float) -> MicroBatchTiming:
         stage_s, send_s = self.stage_seconds(output)
+        self.iterations += 1
+        self.last_operator_split = self.operator_split(output) if self.op_split_every and \
+            self.iterations % self.op_split_every == 0 else None
         timing = self.pipeline.submit(now, stage_s, send_s)
         # One random token for the whole micro-batch: ids never matter to a simulation (a shape has no EOS).
         sampled = dict.fromkeys((u.request_id for u in output.units if u.samples), self.rng.randrange(self.vocab_size))
         self.in_flight.append(MicroBatch(output, sampled, timing))
         return timing
 
+    def operator_split(self, output: SchedulerOutput) -> OperatorSplit:
+        """The micro-batch's seconds in linear layers and attention over all its stages, from the cost model."""
+        batch, last = self.stage_batch_of(output), len(self.stage_layers) - 1
+        parts = [self.cost_model.split_seconds(batch, layers, last=stage == last)
+                 for stage, layers in enumerate(self.stage_layers)]
+        return OperatorSplit(sum(p[0] for p in parts), sum(p[1] for p in parts))
+
     @property
     def full(self) -> bool:
-        return len(self.in_flight) >= self.deployment.pp
+        return len(self.in_flight) >= (self.deployment.max_in_flight or self.deployment.pp)
 
     def next_start_s(self) -> float:
         """When stage 0 can take the next micro-batch."""

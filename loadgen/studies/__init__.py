@@ -23,10 +23,13 @@ _engine: tuple[str, LLMEngine] | None = None  # (config digest, engine) of the l
 def _engine_for(cfg: BenchConfig) -> LLMEngine:
     global _engine
     config = engine_config(cfg)
+    if config.model.deployment is not None:  # a pipelined deployment runs the studies' iterations one at a time
+        model = dataclasses.replace(config.model, deployment={**config.model.deployment, "max_in_flight": 1})
+        config = dataclasses.replace(config, model=model)
     key = digest(dataclasses.asdict(config))
     if _engine is None or _engine[0] != key:
         _engine = None  # free the old one first
-        _engine = (key, LLMEngine(config))
+        _engine = (key, LLMEngine.from_config(config))
     return _engine[1]
 
 

@@ -43,12 +43,15 @@ class IterationDriver:
             else ONE_TOKEN
         self.request_ids.append(self.engine.add_request(self._prompt(tokens), params))
 
-    def _step(self):
-        """One iteration; its BatchRecord."""
+    def _step(self, required: bool = True):
+        """One iteration; its BatchRecord. A pipelined deployment's step may only collect the micro-batch in
+        flight and run none: None then, unless ``required``."""
         before = len(self.engine.batch_records)
         self.engine.step()
         if len(self.engine.batch_records) == before:
-            raise ShapeError("the engine ran no iteration")
+            if required:
+                raise ShapeError("the engine ran no iteration")
+            return None
         return self.engine.batch_records[-1]
 
     def _reset(self, **scheduler) -> None:
@@ -136,7 +139,8 @@ class IterationDriver:
             self._add(prompt_tokens)
             records = []
             while self.engine.has_unfinished():
-                records.append(self._step())
+                if (record := self._step(required=False)) is not None:
+                    records.append(record)
             if sum(r.num_prefill_tokens for r in records) != prompt_tokens or any(r.num_decode_seqs for r in records):
                 raise ShapeError(f"a {prompt_tokens}-token prefill at chunk {chunk_size} ran other work too")
             if i >= self.warmup:

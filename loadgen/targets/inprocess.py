@@ -113,7 +113,7 @@ class InProcessTarget:
         from stallfree.engine import LLMEngine
 
         try:
-            self.engine = LLMEngine(engine_config(cfg))
+            self.engine = LLMEngine.from_config(engine_config(cfg))
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
         self.vocab_size = model_vocab_size(cfg)

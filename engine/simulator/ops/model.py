@@ -25,6 +25,7 @@ TABLE_TOKENS = 4096  # the profiles' common range; beyond it, token counts are s
 PROFILED_GPU = {"a100": "a100", "a40": "a40", "h100": "h100", "h200": "h100"}
 TOKEN_OPS = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_act", "mlp_down", "norms", "rotary", "residual",
              "tp_all_reduce")
+LINEAR_OPS = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_down")  # the GEMMs of a layer (the operator split's "linear")
 # memory-bound operator -> (its table, how many a layer runs; the embedding runs once, on the first stage)
 PER_LAYER = {"norm": ("norms", 2), "rotary": ("rotary", 1), "mlp_act": ("mlp_act", 1), "residual": ("residual", 2),
              "embedding": ("embedding", 1)}
@@ -130,6 +131,15 @@ class OperatorCostModel:
         if last:
             total += self._at(self.tables["final_norm"], m) + self._at(self.tables["lm_head"], batch.num_seqs)
         return total
+
+    def split_seconds(self, batch: StageBatch, num_layers: int, *, last: bool) -> tuple[float, float]:
+        """(linear, attention) seconds of ``num_layers`` layers (+ the LM head if ``last``): the operator split
+        of the stage (the rest of ``stage_seconds`` is element-wise ops and the TP all-reduce)."""
+        m = batch.num_tokens
+        linear = num_layers * sum(self._at(self.tables[op], m) for op in LINEAR_OPS)
+        attention = num_layers * (self.attention.prefill_seconds(batch.prefill_chunks)
+                                  + self.attention.decode_seconds(len(batch.decode_contexts), batch.decode_context_tokens))
+        return linear + (self._at(self.tables["lm_head"], batch.num_seqs) if last else 0.0), attention
 
     def pp_send_seconds(self, num_tokens: int) -> float:
         """The activations of ``num_tokens`` tokens to the next stage."""

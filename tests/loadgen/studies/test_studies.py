@@ -91,3 +91,24 @@ def test_studies_run_unchanged_on_a_simulated_deployment(tmp_path):
     assert sorted(frame.kind.unique()) == ["decode", "hybrid", "prefill"]
     assert sorted(frame[frame.kind == "prefill"].prefill_tokens.unique()) == [512, 8191]  # the shape's limit
     assert (frame.iteration_s > 0).all() and (frame.model == "mistral-7b-shape").all()
+
+
+@pytest.mark.parametrize("model", ["mistral7b_a100", "llama2_70b_a40_tp4_pp2", "falcon180b_a100_tp8"])
+def test_studies_run_on_the_papers_deployments(tmp_path, model):
+    """A GPU deployment (one with pipeline stages too): the iterations run one at a time, with MFU / MBU
+    against the GPUs' published peaks and the operator split from the operator cost model."""
+    def run(experiment: str, *overrides: str) -> pd.DataFrame:
+        cfg = compose("bench", [f"+experiment={experiment}", f"model={model}", f"results_dir={tmp_path}",
+                                "study.warmup=0", "study.repeats=1", *overrides], job_name="test")
+        return pd.read_csv(run_study(load_bench(OmegaConf.create(cfg))))
+
+    run("phases", "study.decode_batch_sizes=[1,8]", "study.prefill_sizes=[512]", "study.hybrid_chunk_sizes=[512]",
+        "study.hybrid_decodes=[4]")
+    frame = run("chunking", "study.prompt_lengths=[1024]", "study.chunk_sizes=[256]")
+    assert sorted(frame.kind.unique()) == ["chunk", "decode", "hybrid", "prefill"]
+    assert frame.mfu.between(0, 1).all() and frame.mbu.between(0, 1).all()
+    assert frame.device.str.contains("x").all() and (frame.peak_flops > 1e14).all()
+    split = frame.dropna(subset=["linear_s"])
+    assert len(split) and (split.linear_s > 0).all() and (split.attention_s > 0).all() and (split.other_s >= 0).all()
+    prefill = frame[frame.kind == "prefill"].iloc[0]
+    assert prefill.mfu > frame[frame.kind == "decode"].mfu.max()  # prefill is compute-bound, decode is not
