@@ -243,11 +243,11 @@ def test_dead_engine_thread_gives_503():
 def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
     # a second OpenMP team (from loading on the serving thread) slowed every step by a third or more
     threads = {}
-    real_from_kwargs = LLMEngine.from_kwargs
+    real_from_config = LLMEngine.from_config
 
-    def recording_from_kwargs(**kwargs):
+    def recording_from_config(config):
         threads["build"] = threading.current_thread()
-        engine = real_from_kwargs(**kwargs)
+        engine = real_from_config(config)
         real_step = engine.step
 
         def step():
@@ -257,7 +257,7 @@ def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
         engine.step = step
         return engine
 
-    monkeypatch.setattr(LLMEngine, "from_kwargs", staticmethod(recording_from_kwargs))
+    monkeypatch.setattr(LLMEngine, "from_config", staticmethod(recording_from_config))
     with start_server(ENGINE) as handle:
         with httpx.Client(base_url=handle.url, timeout=30, trust_env=False) as client:
             assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
