@@ -31,7 +31,7 @@ def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, max_model_len: i
     return SCHEDULERS[config.policy](config, kv, max_model_len, eos_token_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class PlannedUnit:
     """A policy's choice for one request, before it is snapshotted into a ``ScheduledUnit``."""
 
@@ -88,42 +88,46 @@ class Scheduler(ABC):
         """Pick the units of the next iteration among requests that have arrived by ``now``."""
 
     def schedule(self, now: float) -> SchedulerOutput:
-        """The next iteration, as the snapshot a runner executes."""
+        """The next iteration, as the snapshot a runner executes (decodes first, as the runner lays tokens out).
+
+        One loop snapshots each unit inline: it runs once per scheduled token of a decode, the simulator's
+        hot path (docs/performance.md)."""
         batch = self.build_batch(now)
-        units = [self._snapshot(u) for u in sorted(batch.units, key=lambda u: u.is_prefill)]  # decodes first
-        for unit in batch.units:
-            if unit.request.metrics.first_scheduled_time is None:
-                unit.request.metrics.first_scheduled_time = now
-            self.in_flight.add(unit.request.request_id)
+        planned = [u for u in batch.units if not u.is_prefill] + [u for u in batch.units if u.is_prefill]
+        units, add_in_flight = [], self.in_flight.add
+        block_tables = self.kv.block_tables if self.snapshot_block_tables else None
+        for unit in planned:
+            request, n = unit.request, unit.num_new_tokens
+            request_id, start = request.request_id, request.num_computed_tokens
+            units.append(ScheduledUnit(request_id, request.token_ids(start, start + n), start, unit.is_prefill,
+                                       start + n == request.num_tokens,
+                                       [] if block_tables is None else list(block_tables[request_id]),
+                                       request.params))
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+            add_in_flight(request_id)
         finished, self.finished_request_ids = self.finished_request_ids, []
         return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished)
-
-    def _snapshot(self, unit: PlannedUnit) -> ScheduledUnit:
-        request, start, n = unit.request, unit.request.num_computed_tokens, unit.num_new_tokens
-        return ScheduledUnit(request_id=request.request_id, token_ids=request.token_ids(start, start + n),
-                             num_computed_tokens=start, is_prefill=unit.is_prefill,
-                             samples=start + n == request.num_tokens,
-                             block_table=list(self.kv.block_tables[request.request_id])
-                             if self.snapshot_block_tables else [],
-                             sampling_params=request.params)
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int], now: float) -> list[Request]:
         """Apply a step's result: advance each unit's computed tokens, append the sampled tokens (stamped
         ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
-        updated = []
+        updated, requests, discard_in_flight = [], self.requests, self.in_flight.discard
         for unit in output.units:
-            self.in_flight.discard(unit.request_id)
-            request = self.requests.get(unit.request_id)
+            request_id = unit.request_id
+            discard_in_flight(request_id)
+            request = requests.get(request_id)
             if request is None:  # aborted while its step was in flight
                 continue
-            request.num_computed_tokens += unit.num_new_tokens
-            token = sampled.get(unit.request_id)
+            request.num_computed_tokens += len(unit.token_ids)
+            token = sampled.get(request_id)
             if token is None:
                 continue
             request.append_output(token)
-            request.metrics.token_times.append(now)
-            if request.metrics.first_token_time is None:
-                request.metrics.first_token_time = now
+            metrics = request.metrics
+            metrics.token_times.append(now)
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
             status = self._stop_status(request, token)
             if status is not None:
                 self.finish(request, status, now)

@@ -88,10 +88,10 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
 
     while in_flight:
         before, iterations = engine.clock(), len(engine.batch_records)
-        for out in engine.step():
-            if out.finished:  # "error": the engine ended this request alone (its step failed on it)
-                status, error = ("error", f"failed in the engine: {out.error}") if out.error else ("ok", None)
-                done(out.request_id, status, error, out.metrics.finish_time, out.metrics)
+        for out in engine.step(finished_only=True):
+            # out.error: the engine ended this request alone (its step failed on it)
+            status, error = ("error", f"failed in the engine: {out.error}") if out.error else ("ok", None)
+            done(out.request_id, status, error, out.metrics.finish_time, out.metrics)
         if timeout_s is not None:
             deadline = engine.clock() - timeout_s
             while by_arrival and by_arrival[0][0] < deadline:

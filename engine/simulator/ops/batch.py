@@ -13,14 +13,10 @@ class StageBatch:
 
     @classmethod
     def of(cls, scheduler_output) -> StageBatch:
-        """From an engine.scheduler.output.SchedulerOutput (or anything with its ``units``)."""
-        chunks, contexts = [], []
-        for u in scheduler_output.units:
-            if u.is_prefill:
-                chunks.append((u.num_new_tokens, u.num_computed_tokens))
-            else:
-                contexts.append(u.num_computed_tokens + u.num_new_tokens)
-        return cls(tuple(chunks), tuple(contexts))
+        """From an engine.scheduler.output.SchedulerOutput: its units are decodes (one new token each) first."""
+        units, decodes = scheduler_output.units, scheduler_output.num_decode_seqs
+        return cls(tuple((len(u.token_ids), u.num_computed_tokens) for u in units[decodes:]),
+                   tuple(u.num_computed_tokens + 1 for u in units[:decodes]))
 
     @cached_property
     def num_tokens(self) -> int:
