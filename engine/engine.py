@@ -240,8 +240,8 @@ class LLMEngine:
         return dataclasses.replace(output, units=[u for u in output.units if u.request_id not in errors]), failed
 
     def _outputs(self, updated: list[Request], finished_only: bool) -> list[RequestOutput]:
-        if finished_only:
-            updated = [request for request in updated if request.status.finished]
+        if finished_only:  # a finished request has its finish time
+            updated = [request for request in updated if request.metrics.finish_time is not None]
         return [self._output(request, request.output_token_ids[-1:]) for request in updated]
 
     def _output(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:

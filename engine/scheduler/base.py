@@ -32,24 +32,24 @@ def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, max_model_len: i
 
 
 @dataclass(slots=True)
-class PlannedUnit:
-    """A policy's choice for one request, before it is snapshotted into a ``ScheduledUnit``."""
+class PlannedChunk:
+    """A policy's choice of prompt tokens for one request, before it is snapshotted into a ``ScheduledUnit``."""
 
     request: Request
     num_new_tokens: int
-    is_prefill: bool
 
 
 @dataclass
 class Batch:
     """What a policy builds for one iteration."""
 
-    units: list[PlannedUnit] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)  # one new token each
+    chunks: list[PlannedChunk] = field(default_factory=list)  # prefill chunks (or whole prompts)
     preempted: list[Request] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(u.num_new_tokens for u in self.units if u.is_prefill)
+        return sum(c.num_new_tokens for c in self.chunks)
 
 
 class Scheduler(ABC):
@@ -88,21 +88,25 @@ class Scheduler(ABC):
         """Pick the units of the next iteration among requests that have arrived by ``now``."""
 
     def schedule(self, now: float) -> SchedulerOutput:
-        """The next iteration, as the snapshot a runner executes (decodes first, as the runner lays tokens out).
+        """The next iteration, as the snapshot a runner executes: decodes first (the runner's token layout).
 
-        One loop snapshots each unit inline: it runs once per scheduled token of a decode, the simulator's
-        hot path (docs/performance.md)."""
+        Units are built inline, without a method call each: one is built per running request per step, the
+        simulator's hot path (docs/performance.md)."""
         batch = self.build_batch(now)
-        planned = [u for u in batch.units if not u.is_prefill] + [u for u in batch.units if u.is_prefill]
         units, add_in_flight = [], self.in_flight.add
-        block_tables = self.kv.block_tables if self.snapshot_block_tables else None
-        for unit in planned:
-            request, n = unit.request, unit.num_new_tokens
-            request_id, start = request.request_id, request.num_computed_tokens
-            units.append(ScheduledUnit(request_id, request.token_ids(start, start + n), start, unit.is_prefill,
-                                       start + n == request.num_tokens,
-                                       [] if block_tables is None else list(block_tables[request_id]),
+        tables = self.kv.block_tables if self.snapshot_block_tables else None
+        for request in batch.decodes:  # its one new token is its last output; it was scheduled before
+            request_id = request.request_id
+            units.append(ScheduledUnit(request_id, request.output_token_ids[-1:], request.num_computed_tokens,
+                                       False, True, [] if tables is None else list(tables[request_id]),
                                        request.params))
+            add_in_flight(request_id)
+        for chunk in batch.chunks:
+            request, n = chunk.request, chunk.num_new_tokens
+            request_id, start = request.request_id, request.num_computed_tokens
+            units.append(ScheduledUnit(request_id, request.token_ids(start, start + n), start, True,
+                                       start + n == request.num_tokens,
+                                       [] if tables is None else list(tables[request_id]), request.params))
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
             add_in_flight(request_id)
@@ -206,7 +210,7 @@ class Scheduler(ABC):
 
     def schedule_decodes(self, batch: Batch) -> None:
         """One token for every running decode, oldest first, preempting the newest when blocks run out."""
-        units, try_allocate = batch.units, self.kv.try_allocate
+        decodes, try_allocate = batch.decodes, self.kv.try_allocate
         for request in [r for r in self.schedulable() if r.is_decode]:
             if request.status is not RequestStatus.RUNNING:  # preempted below as a victim of an older request
                 continue
@@ -216,7 +220,7 @@ class Scheduler(ABC):
                 if victim is request:
                     break
             else:
-                units.append(PlannedUnit(request, 1, is_prefill=False))
+                decodes.append(request)
 
     def schedule_prefill_chunks(self, batch: Batch, budget: int, now: float) -> None:
         """Ongoing partial prefills, then new requests FCFS, each getting min(remaining, budget left)."""
@@ -225,11 +229,11 @@ class Scheduler(ABC):
                 return
             if not request.is_decode:  # decodes were scheduled already (as 1-token units)
                 n = min(request.num_uncomputed_tokens, budget)
-                batch.units.append(PlannedUnit(request, n, is_prefill=True))
+                batch.chunks.append(PlannedChunk(request, n))
                 budget -= n
         while budget > 0 and (request := self.next_arrived(now)) is not None and self.try_admit(request):
             n = min(request.num_uncomputed_tokens, budget)
-            batch.units.append(PlannedUnit(request, n, is_prefill=True))
+            batch.chunks.append(PlannedChunk(request, n))
             budget -= n
 
     def admit_whole_prefills(self, batch: Batch, now: float, token_budget: int | None = None) -> None:
@@ -240,4 +244,4 @@ class Scheduler(ABC):
                 return
             if not self.try_admit(request):
                 return
-            batch.units.append(PlannedUnit(request, n, is_prefill=True))
+            batch.chunks.append(PlannedChunk(request, n))
