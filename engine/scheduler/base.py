@@ -165,9 +165,14 @@ class Scheduler(ABC):
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        # Keep ``waiting`` sorted by arrival so FCFS holds for replays with future arrival times.
-        times = [r.metrics.arrival_time for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(times, request.metrics.arrival_time), request)
+        # Keep ``waiting`` sorted by arrival so FCFS holds for replays with future arrival times (a replay adds
+        # its requests in arrival order: appending those keeps adding them linear).
+        arrival, waiting = request.metrics.arrival_time, self.waiting
+        if not waiting or waiting[-1].metrics.arrival_time <= arrival:
+            waiting.append(request)
+            return
+        times = [r.metrics.arrival_time for r in waiting]
+        waiting.insert(bisect.bisect_right(times, arrival), request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
