@@ -42,7 +42,7 @@ def probe(args: argparse.Namespace) -> dict:
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
         profiler.enable()
-    result = replay(engine, specs)
+    result = replay(engine, specs, pause_gc=True)  # as stallfree-bench replays on a virtual clock
     if profiler:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)

@@ -160,10 +160,11 @@ class LLMEngine:
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED, self.clock())
         return self._output(request, [])
 
-    def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run, update. Returns an output for every request that got a token."""
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """One iteration: schedule, run, update. Returns an output for every request that got a token, or with
+        ``finished_only`` for those that finished (a replay that reads only final outputs skips one per token)."""
         if getattr(self.runner, "pipelined", False):
-            return self._step_pipelined()
+            return self._step_pipelined(finished_only)
         start = self.clock()
         scheduler_output = self.scheduler.schedule(start)
         if not scheduler_output.units:
@@ -184,9 +185,9 @@ class LLMEngine:
             if request.logprobs is not None:
                 request.logprobs.append(sample_logprobs[request.request_id])
         self._record(scheduler_output, start, end)
-        return [self._output(request, request.output_token_ids[-1:]) for request in updated] + failed
+        return self._outputs(updated, finished_only) + failed
 
-    def _step_pipelined(self) -> list[RequestOutput]:
+    def _step_pipelined(self, finished_only: bool) -> list[RequestOutput]:
         """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
         the last stage, then schedule the next one when stage 0 is free, among the requests not in flight.
         With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
@@ -195,7 +196,7 @@ class LLMEngine:
             now = self.clock()
             for done in runner.pop_finished(now):
                 updated = self.scheduler.update_from_output(done.output, done.sampled, done.timing.end_s)
-                outputs += [self._output(request, request.output_token_ids[-1:]) for request in updated]
+                outputs += self._outputs(updated, finished_only)
             if not runner.full:
                 scheduler_output = self.scheduler.schedule(now)
                 if scheduler_output.units:
@@ -265,6 +266,11 @@ class LLMEngine:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
             failed.append(self._output(request, [], error=error))
         return dataclasses.replace(output, units=[u for u in output.units if u.request_id not in errors]), failed
+
+    def _outputs(self, updated: list[Request], finished_only: bool) -> list[RequestOutput]:
+        if finished_only:  # a finished request has its finish time
+            updated = [request for request in updated if request.metrics.finish_time is not None]
+        return [self._output(request, request.output_token_ids[-1:]) for request in updated]
 
     def _output(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
         finished = request.status.finished

@@ -30,9 +30,9 @@ class KVCacheManager:
         """Give ``request`` slots for ``num_tokens`` tokens if the free blocks (less the watermark) allow;
         False, and nothing allocated, if they do not."""
         table = self.block_tables.get(request.request_id)
-        missing = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
-        if missing <= 0 and table is not None:
+        if table is not None and len(table) * self.block_size >= num_tokens:  # most decodes: nothing to add
             return True
+        missing = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
         if missing > len(self.free_blocks) - (self.watermark_blocks if use_watermark else 0):
             return False
         if table is None:

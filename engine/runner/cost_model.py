@@ -49,10 +49,10 @@ class IterationFeatures:
     @classmethod
     def of(cls, record) -> IterationFeatures:
         """From anything with these four attributes: a BatchRecord or a SchedulerOutput."""
-        return cls(**{f.name: getattr(record, f.name) for f in fields(cls)})
+        return cls(*(getattr(record, name) for name in FEATURES[1:]))
 
     def row(self) -> list[float]:
-        return [1.0, *(float(getattr(self, f.name)) for f in fields(self))]
+        return [1.0, *(float(getattr(self, name)) for name in FEATURES[1:])]
 
 
 FEATURES = ("intercept", *(f.name for f in fields(IterationFeatures)))

@@ -25,25 +25,25 @@ def make_scheduler(config: SchedulerConfig, kv: KVCacheManager, max_model_len: i
     return SCHEDULERS[config.policy](config, kv, max_model_len, eos_token_ids)
 
 
-@dataclass
-class PlannedUnit:
-    """A policy's choice for one request, before it is snapshotted into a ``ScheduledUnit``."""
+@dataclass(slots=True)
+class PlannedChunk:
+    """A policy's choice of prompt tokens for one request, before it is snapshotted into a ``ScheduledUnit``."""
 
     request: Request
     num_new_tokens: int
-    is_prefill: bool
 
 
 @dataclass
 class Batch:
     """What a policy builds for one iteration."""
 
-    units: list[PlannedUnit] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)  # one new token each
+    chunks: list[PlannedChunk] = field(default_factory=list)  # prefill chunks (or whole prompts)
     preempted: list[Request] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(u.num_new_tokens for u in self.units if u.is_prefill)
+        return sum(c.num_new_tokens for c in self.chunks)
 
 
 class Scheduler(ABC):
@@ -81,24 +81,31 @@ class Scheduler(ABC):
         """Pick the units of the next iteration among requests that have arrived by ``now``."""
 
     def schedule(self, now: float) -> SchedulerOutput:
-        """The next iteration, as the snapshot a runner executes."""
+        """The next iteration, as the snapshot a runner executes: decodes first (the runner's token layout).
+
+        Units are built inline, without a method call each: one is built per running request per step, the
+        simulator's hot path (docs/performance.md)."""
         batch = self.build_batch(now)
-        units = [self._snapshot(u) for u in sorted(batch.units, key=lambda u: u.is_prefill)]  # decodes first
-        for unit in batch.units:
-            if unit.request.metrics.first_scheduled_time is None:
-                unit.request.metrics.first_scheduled_time = now
-            self.in_flight.add(unit.request.request_id)
+        units, add_in_flight = [], self.in_flight.add
+        tables = self.kv.block_tables if self.snapshot_block_tables else None
+        for request in batch.decodes:  # its one new token is its last output; it was scheduled before
+            request_id = request.request_id
+            units.append(ScheduledUnit(request_id, request.output_token_ids[-1:], request.num_computed_tokens,
+                                       False, True, [] if tables is None else list(tables[request_id]),
+                                       request.params))
+            add_in_flight(request_id)
+        for chunk in batch.chunks:
+            request, n = chunk.request, chunk.num_new_tokens
+            request_id, start = request.request_id, request.num_computed_tokens
+            units.append(ScheduledUnit(request_id, request.token_ids(start, start + n), start, True,
+                                       start + n == request.num_tokens,
+                                       [] if tables is None else list(tables[request_id]), request.params,
+                                       self._prompt_targets(request, n)))
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+            add_in_flight(request_id)
         finished, self.finished_request_ids = self.finished_request_ids, []
         return SchedulerOutput(units, [r.request_id for r in batch.preempted], finished)
-
-    def _snapshot(self, unit: PlannedUnit) -> ScheduledUnit:
-        request, start, n = unit.request, unit.request.num_computed_tokens, unit.num_new_tokens
-        return ScheduledUnit(request_id=request.request_id, token_ids=request.token_ids(start, start + n),
-                             num_computed_tokens=start, is_prefill=unit.is_prefill,
-                             samples=start + n == request.num_tokens,
-                             block_table=list(self.kv.block_tables[request.request_id])
-                             if self.snapshot_block_tables else [],
-                             sampling_params=request.params, prompt_logprob_targets=self._prompt_targets(request, n))
 
     @staticmethod
     def _prompt_targets(request: Request, n: int) -> tuple[int, ...]:
@@ -112,20 +119,22 @@ class Scheduler(ABC):
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int], now: float) -> list[Request]:
         """Apply a step's result: advance each unit's computed tokens, append the sampled tokens (stamped
         ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
-        updated = []
+        updated, requests, discard_in_flight = [], self.requests, self.in_flight.discard
         for unit in output.units:
-            self.in_flight.discard(unit.request_id)
-            request = self.requests.get(unit.request_id)
+            request_id = unit.request_id
+            discard_in_flight(request_id)
+            request = requests.get(request_id)
             if request is None:  # aborted while its step was in flight
                 continue
-            request.num_computed_tokens += unit.num_new_tokens
-            token = sampled.get(unit.request_id)
+            request.num_computed_tokens += len(unit.token_ids)
+            token = sampled.get(request_id)
             if token is None:
                 continue
             request.append_output(token)
-            request.metrics.token_times.append(now)
-            if request.metrics.first_token_time is None:
-                request.metrics.first_token_time = now
+            metrics = request.metrics
+            metrics.token_times.append(now)
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
             status = self._stop_status(request, token)
             if status is not None:
                 self.finish(request, status, now)
@@ -159,9 +168,14 @@ class Scheduler(ABC):
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        # Keep ``waiting`` sorted by arrival so FCFS holds for replays with future arrival times.
-        times = [r.metrics.arrival_time for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(times, request.metrics.arrival_time), request)
+        # Keep ``waiting`` sorted by arrival so FCFS holds for replays with future arrival times (a replay adds
+        # its requests in arrival order: appending those keeps adding them linear).
+        arrival, waiting = request.metrics.arrival_time, self.waiting
+        if not waiting or waiting[-1].metrics.arrival_time <= arrival:
+            waiting.append(request)
+            return
+        times = [r.metrics.arrival_time for r in waiting]
+        waiting.insert(bisect.bisect_right(times, arrival), request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -204,7 +218,7 @@ class Scheduler(ABC):
 
     def schedule_decodes(self, batch: Batch) -> None:
         """One token for every running decode, oldest first, preempting the newest when blocks run out."""
-        units, try_allocate = batch.units, self.kv.try_allocate
+        decodes, try_allocate = batch.decodes, self.kv.try_allocate
         for request in [r for r in self.schedulable() if r.is_decode]:
             if request.status is not RequestStatus.RUNNING:  # preempted below as a victim of an older request
                 continue
@@ -214,7 +228,7 @@ class Scheduler(ABC):
                 if victim is request:
                     break
             else:
-                units.append(PlannedUnit(request, 1, is_prefill=False))
+                decodes.append(request)
 
     def schedule_prefill_chunks(self, batch: Batch, budget: int, now: float) -> None:
         """Ongoing partial prefills, then new requests FCFS, each getting min(remaining, budget left)."""
@@ -223,11 +237,11 @@ class Scheduler(ABC):
                 return
             if not request.is_decode:  # decodes were scheduled already (as 1-token units)
                 n = min(request.num_uncomputed_tokens, budget)
-                batch.units.append(PlannedUnit(request, n, is_prefill=True))
+                batch.chunks.append(PlannedChunk(request, n))
                 budget -= n
         while budget > 0 and (request := self.next_arrived(now)) is not None and self.try_admit(request):
             n = min(request.num_uncomputed_tokens, budget)
-            batch.units.append(PlannedUnit(request, n, is_prefill=True))
+            batch.chunks.append(PlannedChunk(request, n))
             budget -= n
 
     def admit_whole_prefills(self, batch: Batch, now: float, token_budget: int | None = None) -> None:
@@ -238,4 +252,4 @@ class Scheduler(ABC):
                 return
             if not self.try_admit(request):
                 return
-            batch.units.append(PlannedUnit(request, n, is_prefill=True))
+            batch.chunks.append(PlannedChunk(request, n))

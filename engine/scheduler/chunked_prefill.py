@@ -19,7 +19,7 @@ class ChunkedPrefillScheduler(Scheduler):
         decodes_waiting = any(r.is_decode for r in self.schedulable())
         if not (self.last_was_prefill and decodes_waiting):
             self.schedule_prefill_chunks(batch, self.config.chunk_size, now)
-        self.last_was_prefill = bool(batch.units)
-        if not batch.units:
+        self.last_was_prefill = bool(batch.chunks)
+        if not batch.chunks:
             self.schedule_decodes(batch)
         return batch

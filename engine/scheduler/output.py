@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from stallfree.engine.request import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledUnit:
-    """One request's share of an iteration: a prefill chunk or one decode token."""
+    """One request's share of an iteration: a prefill chunk or one decode token. Not changed once built (not
+    frozen: a frozen dataclass's ``__init__`` costs twice as much, and one is built per request per step)."""
 
     request_id: str
     # The tokens this step computes, at positions num_computed_tokens .. num_computed_tokens + len - 1.

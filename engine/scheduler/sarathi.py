@@ -13,5 +13,5 @@ class SarathiScheduler(Scheduler):
     def build_batch(self, now: float) -> Batch:
         batch = Batch()
         self.schedule_decodes(batch)
-        self.schedule_prefill_chunks(batch, self.config.chunk_size - len(batch.units), now)
+        self.schedule_prefill_chunks(batch, self.config.chunk_size - len(batch.decodes), now)
         return batch

@@ -19,6 +19,6 @@ class VLLMScheduler(Scheduler):
     def build_batch(self, now: float) -> Batch:
         batch = Batch()
         self.admit_whole_prefills(batch, now, token_budget=self.config.max_num_batched_tokens)
-        if not batch.units:
+        if not batch.chunks:
             self.schedule_decodes(batch)
         return batch

@@ -1,0 +1,93 @@
+"""Seeded simulated runs give pinned results: the digest of every step's outputs, every finished request's
+tokens and metrics, and every BatchRecord's scheduling and timing fields (a speed-up must not change what the
+real schedulers and KV accounting decide, nor the times the cost models give). The digests were taken before
+the simulator was made faster (3dc012e) and held after it; pp2-orca's was taken again when messages past the
+largest profiled all-reduce began to take its bandwidth (engine/simulator/ops/comm.py): orca's whole-prompt
+batches send such messages."""
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.hydra_groups import ModelGroup, SchedulerGroup, compose, engine_config, typed
+from stallfree.loadgen.results.records import as_row
+from stallfree.loadgen.targets.inprocess import replay
+from stallfree.loadgen.workload.request_specs import build_workload
+
+CASES = {  # model preset, scheduler, chunk size, workload, QPS, KV blocks (None: the preset's)
+    "a100-sarathi": ("mistral7b_a100", "sarathi", 512, "openchat_sharegpt4", 6.0, None),
+    "a100-vllm-preempting": ("mistral7b_a100", "vllm", 512, "arxiv", 4.0, 600),
+    "a100-hybrid-preempting": ("mistral7b_a100", "hybrid", 512, "arxiv", 4.0, 700),
+    "pp2-orca": ("llama2_70b_a40_tp4_pp2", "orca", 512, "openchat_sharegpt4", 2.0, None),
+    "pp2-sarathi-preempting": ("llama2_70b_a40_tp4_pp2", "sarathi", 1536, "arxiv", 2.0, 900),
+    "fitted-cost-model": ("mistral7b_sim", "chunked_prefill", 256, "arxiv", 4.0, None),
+}
+DIGESTS = {
+    "a100-hybrid-preempting": {"engine": "35c2ab5c4e27f55a", "replay": "8a0d409121072f24"},
+    "a100-sarathi": {"engine": "b5a9faa6e085e84e", "replay": "09a31269a8639882"},
+    "a100-vllm-preempting": {"engine": "68ec0fede8ab0e3f", "replay": "50606619c511cc8c"},
+    "fitted-cost-model": {"engine": "2b9f4433c07819ee", "replay": "7763dce775e949e5"},
+    "pp2-orca": {"engine": "4b54fdb590211691", "replay": "2f63e9d25dce9802"},
+    "pp2-sarathi-preempting": {"engine": "e6be56f6b1d29088", "replay": "7f26c1cc692a04f5"},
+}
+
+
+def setup(case: str) -> tuple[LLMEngine, list]:
+    model, scheduler, chunk_size, workload, qps, num_blocks = CASES[case]
+    cfg = compose("bench", [f"model={model}", f"scheduler={scheduler}", f"workload={workload}",
+                            "workload.lengths.scale=1", "workload.max_total_tokens=8192",
+                            "scheduler.max_num_batched_tokens=8192"], "seeded_runs")
+    config = engine_config(typed(ModelGroup, cfg["model"], "model."), typed(SchedulerGroup, cfg["scheduler"], "scheduler."),
+                           chunk_size)
+    config.cache.num_blocks = num_blocks
+    engine = LLMEngine.from_config(config)
+    specs = build_workload({"kind": "poisson", "qps": qps}, cfg["workload"]["lengths"], 60, 7, engine.vocab_size,
+                           8192)
+    return engine, specs
+
+
+# The fields a scheduling or timing change shows in: fields added later (utilisation, logprobs, thread counts)
+# do not change the pinned digests.
+BATCH_FIELDS = ("iteration", "start_time", "end_time", "num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs",
+                "num_decode_seqs", "prefill_attention_work", "decode_context_tokens", "num_preemptions",
+                "num_kv_blocks_used", "num_waiting", "num_running", "stage_busy_s", "stage_idle_s")
+OUTPUT_FIELDS = ("request_id", "prompt_token_ids", "token_ids", "finished", "finish_reason", "metrics")
+
+
+def pick(row: dict, names: tuple[str, ...]) -> dict:
+    return {name: row[name] for name in names}
+
+
+def digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def run_engine(case: str) -> dict:
+    """Every step's outputs (as a server streams them) and every BatchRecord."""
+    engine, specs = setup(case)
+    for spec in specs:
+        engine.add_request(spec.prompt_token_ids, SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
+                           request_id=spec.request_id, arrival_time=spec.send_offset_s)
+    steps, finished = [], []
+    while engine.has_unfinished():
+        outputs = engine.step()
+        steps.append([(out.request_id, out.new_token_ids, len(out.token_ids), out.finish_reason) for out in outputs])
+        finished += [pick(dataclasses.asdict(out), OUTPUT_FIELDS) for out in outputs if out.finished]
+    return {"steps": steps, "finished": finished,
+            "batches": [pick(as_row(b), BATCH_FIELDS) for b in engine.batch_records]}
+
+
+def run_replay(case: str) -> dict:
+    """A capacity probe's results: the request records and batch rows of an in-process replay."""
+    engine, specs = setup(case)
+    result = replay(engine, specs)
+    return {"records": [as_row(r) for r in result.records], "batches": [pick(b, BATCH_FIELDS) for b in result.batches]}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_seeded_run_gives_the_pinned_outputs_records_and_metrics(case):
+    engine_run, replay_run = run_engine(case), run_replay(case)
+    assert sum(len(step) for step in engine_run["steps"]) > 10_000  # every case decodes many tokens
+    assert {"engine": digest(engine_run), "replay": digest(replay_run)} == DIGESTS[case]
