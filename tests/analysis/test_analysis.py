@@ -186,6 +186,7 @@ def built(results) -> object:
 
 
 @pytest.mark.parametrize("name", list(FIGURES))
+@pytest.mark.slow
 def test_notebook_executes_and_saves_figures(built, name):
     check_executed_notebook(built, name)
 
@@ -197,6 +198,7 @@ def test_report_has_three_sections(built):
     assert html.count("data:image/png") >= sum(map(len, FIGURES.values()))
 
 
+@pytest.mark.slow
 def test_report_with_missing_policy_and_batches(tmp_path, capsys):
     write_synthetic_results(tmp_path, configs=(("sarathi", 512),), qps=(1.0, 2.0), duration_s=8.0,
                             with_batches=False)

@@ -9,6 +9,8 @@ import pytest
 from stallfree.analysis import report
 from tests.helpers.notebooks import FIGURES, check_executed_notebook
 
+pytestmark = pytest.mark.slow  # a real sweep, then every notebook on it
+
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 
 

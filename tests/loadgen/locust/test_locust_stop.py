@@ -19,6 +19,7 @@ def fake_url():
         yield url
 
 
+@pytest.mark.slow
 def test_a_timed_run_cancels_at_stop_exits_0_and_every_count_agrees(fake_url, tmp_path):
     """-t cuts off the requests in flight: they are "cancelled at stop", not failures (exit code 0 under
     Locust's default --exit-code-on-error 1); Locust's CSV, HTML report and stdout and the LLM CSV agree."""

@@ -70,6 +70,7 @@ def exact_percentile(values, q: float) -> float:
     return float(np.percentile(values, q, method="inverted_cdf"))  # nearest rank, as the LLM tab
 
 
+@pytest.mark.slow
 def test_headless_run_against_tiny_server(tiny_url, tmp_path):
     rows = run_headless(tiny_url, tmp_path, "OpenLoopUser", "--qps", "4", "--num-requests", "40",
                         "--slo-tbt-ms", "30", *SMALL)
@@ -106,6 +107,7 @@ def test_slo_needing_a_decode_time_is_a_one_line_error():
     assert "locustfile: --slo strict bounds TBT at 5x the decode iteration time" in proc.stderr
 
 
+@pytest.mark.slow
 def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_path):
     qps = 25
 
@@ -158,6 +160,7 @@ def test_in_flight_cap_drops_and_counts(slow_url, tmp_path):
     assert run["slo_met_pct"] == pytest.approx(100 * (~dropped).mean(), abs=0.05)  # no SLO given: ok
 
 
+@pytest.mark.slow
 def test_step_shape_steps_the_rate(fake_url, tmp_path):
     rows = run_headless(fake_url, tmp_path, "OpenLoopUser", "--step-qps", "4,40", "--step-seconds", "2.5",
                         "--model", "fake", *SMALL)
@@ -166,6 +169,7 @@ def test_step_shape_steps_the_rate(fake_url, tmp_path):
     assert 1 <= first <= 25 and 50 <= len(rows) - first <= 160, (first, len(rows))
 
 
+@pytest.mark.slow
 def test_distributed_master_and_two_workers(fake_url, tmp_path):
     port = free_port()
     master = subprocess.Popen(

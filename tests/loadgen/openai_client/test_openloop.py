@@ -28,6 +28,7 @@ def specs_at(offsets, max_tokens=4) -> list[RequestSpec]:
     return [RequestSpec(f"r{i}", t, [11, 12, 13], max_tokens) for i, t in enumerate(offsets)]
 
 
+@pytest.mark.slow
 def test_open_loop_at_200_qps(fake_url):
     """Behaviour at 200 QPS: every request completes, on an open-loop schedule, with the server's timings
     joined. How closely the sends follow the schedule (p99 lag < 5 ms on a quiet machine) is a timing

@@ -36,6 +36,7 @@ def check_sweep(exp_dir: Path, target: str, with_batches: bool) -> None:
     assert sorted(table["run_id"]) == [d.name for d in dirs]
 
 
+@pytest.mark.slow
 def test_inprocess_sweep_survives_a_kill_and_resumes(tmp_path):
     args = [*SWEEP, "experiment_name=sweep", f"results_dir={tmp_path / 'results'}"]
     exp_dir = tmp_path / "results" / "sweep"
@@ -57,6 +58,7 @@ def test_inprocess_sweep_survives_a_kill_and_resumes(tmp_path):
     assert again.stdout.count("[cached]") == 8 and "[done]" not in again.stdout
 
 
+@pytest.mark.slow
 def test_http_sweep_restarts_the_server_only_for_server_knobs(tmp_path):
     args = [*SWEEP, "target=http", "experiment_name=http", f"results_dir={tmp_path}"]
     done = bench(args, tmp_path)
@@ -145,6 +147,7 @@ def test_a_preset_sweeps_without_m_and_prints_each_runs_place(tmp_path):
     assert again.stdout.count("[cached]") == 4 and "[4/4] scheduler=sarathi qps=8 cached" in again.stdout
 
 
+@pytest.mark.slow
 def test_rerun_disturbed_and_force_measure_a_complete_run_again(tmp_path):
     args = ["model.runner=simulated", "model.clock=virtual", "num_requests=4", "experiment_name=again",
             f"results_dir={tmp_path}"]

@@ -15,6 +15,7 @@ def _summaries(exp_dir: Path) -> list[dict]:
     return [json.loads((d / "summary.json").read_text()) for d in run_dirs(exp_dir)]
 
 
+@pytest.mark.slow
 def test_sonnet_repeats_inprocess(tmp_path):
     args = ["workload=sonnet", "workload.lengths.input_len=96", "workload.lengths.prefix_len=32",
             "workload.lengths.output_len=8", "num_requests=4", "qps=8", "repeats=2", "slo.tbt_ms=1000",
@@ -35,6 +36,7 @@ def test_sonnet_repeats_inprocess(tmp_path):
     assert requests["prompt_tokens"].between(60, 140).all() and (requests["output_tokens"] == 8).all()
 
 
+@pytest.mark.slow
 def test_chat_over_http_from_a_jsonl_file(tmp_path):
     args = ["target=http", "target.endpoint=chat", "workload=jsonl", f"workload.lengths.path={DATA / 'requests_sample.jsonl'}",
             "num_requests=3", "qps=4", "slo.tbt_ms=1000", "experiment_name=chat", f"results_dir={tmp_path}"]

@@ -71,6 +71,7 @@ def test_point_passes_only_within_both_bounds_and_without_failures():
     assert not point_from_summary({**base, "p99_tbt_ms": None}, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
 
 
+@pytest.mark.slow
 def test_capacity_search_on_tiny_inprocess(tmp_path):
     """One request at a time (max_num_seqs=1), evenly spaced arrivals: the queue, hence the P50
     scheduling delay, grows past the 50 ms bound once requests arrive faster than they are served

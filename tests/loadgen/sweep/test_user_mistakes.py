@@ -87,6 +87,7 @@ def test_bench_into_a_directory_it_cannot_write(tmp_path):
     assert_one_line(done, 2, "stallfree-bench: config error", "results_dir")
 
 
+@pytest.mark.slow
 def test_bench_interrupted(tmp_path):
     done = interrupt_after([BIN / "stallfree-bench", "num_requests=400", "qps=2", f"results_dir={tmp_path}"],
                            tmp_path, seconds=3, started=tmp_path / "default" / ".hydra")  # the job has started
@@ -98,6 +99,7 @@ def test_serve_a_checkpoint_that_is_not_there(tmp_path):
     assert_one_line(done, 2, "stallfree-serve: error", "model.path")
 
 
+@pytest.mark.slow
 def test_serve_interrupted(tmp_path):
     """Ctrl-C 6 s after the start: while loading (a slow machine) exit 130 "interrupted while loading",
     once serving (a quiet one) exit 0 "stopped"; one line either way."""
