@@ -4,10 +4,14 @@ Every parallel region of an OpenMP team waits for its slowest thread. When anoth
 the machine's cores, the thread that shares that core runs a fraction of the time and the whole team
 waits for it, spinning: a 2-thread engine beside a one-core burner ran 3.3x slower than quiet, for half
 the CPU (docs/performance.md, contention). A team that fits in the free cores loses only the missing
-core's share. ``CpuThreads`` samples, at most every ``interval_s``, how busy the machine's CPUs were
-without this process (``/proc/stat`` minus this process's own CPU time) and sets torch's thread count
-(which the native kernels follow too) to the cores left. On a quiet machine that is every core, as
-before.
+core's share. ``CpuThreads`` samples, at most every ``INTERVAL_S``, how busy the machine's CPUs were
+without this process (``/proc/stat`` minus this process's own CPU time) and how long this process's
+threads waited runnable for a CPU (``/proc/self/task/*/schedstat``). It shrinks torch's thread count
+(which the native kernels follow too) to the cores left only when both say so: other processes hold a
+core, and the team waits for it. A load generator streaming this server's tokens keeps a core busy in
+bursts without making the team wait, and a team that kept both cores served it faster (docs/performance.md,
+contention). It grows the team back once the cores are free again. On a quiet machine the team is every
+core, as before.
 """
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ from pathlib import Path
 import torch
 
 INTERVAL_S = 0.2  # reading /proc/stat costs ~20 us; decisions faster than a prefill chunk buy nothing
-MARGIN = 0.25  # cores another process must leave free before a thread is given back to the team
-SMOOTHING = 0.5  # weight of the newest sample in the running estimate of the other processes' load
+MARGIN = 0.25  # a team of n threads needs n - MARGIN free cores (a 2-thread team beside a half-busy core wins)
+HYSTERESIS = 0.3  # a thread comes back only once that many more cores are free, so the team does not flap
+SMOOTHING = 0.5  # weight of a lower sample in the estimate of the other processes' load (a higher one counts at once)
+DELAY_LIMIT = 0.25  # the team shrinks only if its threads waited runnable this share of the time (a burner: 0.45)
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class CpuSample:
     wall_s: float  # time.monotonic()
     busy_s: float  # CPU time of all processes (/proc/stat, every CPU, idle and iowait left out)
     own_s: float  # CPU time of this process (all its threads)
+    waited_s: float  # time this process's threads waited runnable for a CPU (the kernel's run delay)
 
 
 def read_sample() -> CpuSample:
@@ -37,7 +44,13 @@ def read_sample() -> CpuSample:
     ticks = os.sysconf("SC_CLK_TCK")
     busy = sum(fields[:8]) - fields[3] - fields[4]  # user..steal, without idle and iowait
     own = os.times()
-    return CpuSample(time.monotonic(), busy / ticks, own.user + own.system)
+    waited_ns = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            waited_ns += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass  # a thread that just ended, or no schedstat
+    return CpuSample(time.monotonic(), busy / ticks, own.user + own.system, waited_ns / 1e9)
 
 
 def usable_cores() -> float:
@@ -73,10 +86,19 @@ class CpuThreads:
         wall = now.wall_s - self.last.wall_s
         if wall < INTERVAL_S:
             return self.threads
-        others = max(0.0, (now.busy_s - self.last.busy_s) - (now.own_s - self.last.own_s)) / wall
-        self.others += SMOOTHING * (others - self.others)
+        ran, waited = now.own_s - self.last.own_s, now.waited_s - self.last.waited_s
+        others = max(0.0, (now.busy_s - self.last.busy_s) - ran) / wall
+        delayed = waited / (ran + waited) if ran + waited > 0 else 0.0
+        # Give up a core at once (a team waiting on a shared core loses most of the step), take one back
+        # only once the load has stayed down (a burst elsewhere should not flip the team back and forth).
+        self.others = others if others > self.others else self.others + SMOOTHING * (others - self.others)
         self.last = now
-        threads = max(1, min(self.max_threads, math.floor(self.cores - self.others + 1 - MARGIN)))
+        fits = math.floor(self.cores - self.others + 1 - MARGIN)
+        if fits < self.threads:
+            threads = fits if delayed > DELAY_LIMIT else self.threads
+        else:
+            threads = max(self.threads, math.floor(self.cores - self.others + 1 - MARGIN - HYSTERESIS))
+        threads = max(1, min(self.max_threads, threads))
         if threads != self.threads:
             self.threads = threads
             self.set_threads(threads)

@@ -6,21 +6,24 @@ from stallfree.engine.runner.cpu_threads import INTERVAL_S, CpuSample, CpuThread
 
 
 class FakeMachine:
-    """CPU time as /proc/stat and os.times() would report it: ``others`` cores busy besides this process,
-    which itself keeps ``own`` cores busy."""
+    """CPU time as /proc/stat, os.times() and schedstat would report it: ``others`` cores busy besides this
+    process, which itself keeps ``own_rate`` cores busy and waits runnable ``delayed`` of its time. A busy
+    other process makes the team wait (a burner), unless told otherwise (a bursty load generator)."""
 
     def __init__(self):
-        self.wall = self.busy = self.own = 0.0
-        self.others, self.own_rate = 0.0, 2.0
+        self.wall = self.busy = self.own = self.waited = 0.0
+        self.others, self.own_rate, self.delayed = 0.0, 2.0, None
         self.set_calls: list[int] = []
 
     def advance(self, seconds: float) -> None:
         self.wall += seconds
         self.own += self.own_rate * seconds
         self.busy += (self.own_rate + self.others) * seconds
+        delayed = (0.45 if self.others >= 0.5 else 0.0) if self.delayed is None else self.delayed
+        self.waited += self.own_rate * seconds * delayed / (1 - delayed)
 
     def sample(self) -> CpuSample:
-        return CpuSample(self.wall, self.busy, self.own)
+        return CpuSample(self.wall, self.busy, self.own, self.waited)
 
 
 def governor(machine: FakeMachine, cores: float = 2, max_threads: int = 2) -> CpuThreads:
@@ -84,3 +87,22 @@ def test_each_iteration_records_its_thread_count():
     assert all(r.cpu_threads >= 1 for r in engine.batch_records)
     fixed = LLMEngine.from_kwargs(model="tiny", dtype="float32", num_blocks=64, adaptive_cpu_threads=False)
     assert fixed.runner.cpu_threads is None
+
+
+def test_a_busy_core_is_given_up_at_the_first_sample_and_taken_back_only_when_the_load_stays_down():
+    machine = FakeMachine()
+    threads = governor(machine)
+    machine.others = 1.0
+    machine.advance(INTERVAL_S)
+    assert threads.update() == 1  # one interval is enough to make way
+    machine.others = 0.0
+    machine.advance(INTERVAL_S)
+    assert threads.update() == 1  # one quiet interval is not enough to come back
+    assert run(machine, threads, 1.0) == 2
+
+
+def test_a_load_generator_that_keeps_a_core_busy_without_making_the_team_wait_leaves_it_whole():
+    machine = FakeMachine()
+    threads = governor(machine)
+    machine.others, machine.delayed = 0.9, 0.05  # streaming clients: busy in bursts, between the engine's steps
+    assert run(machine, threads, 2.0) == 2 and machine.set_calls == [2]
