@@ -67,4 +67,4 @@ clean:
 
 # Re-execute the committed notebooks on results/example (their outputs are versioned).
 notebooks: setup
-	$(BIN)/python -c "from analysis.report import refresh_notebooks; refresh_notebooks()"
+	$(BIN)/python -c "from stallfree.analysis.report import refresh_notebooks; refresh_notebooks()"

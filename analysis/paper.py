@@ -109,7 +109,7 @@ def headline(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def falcon_tp8(table: pd.DataFrame) -> pd.DataFrame:
-    """Falcon-180B capacity at TP4-PP2 (two nodes) and TP8 (one node) by trace, SLO and policy, with sarathi
+    """Falcon-180B capacity at TP4-PP2 and TP8 (both on two 4-GPU nodes) by trace, SLO and policy, with sarathi
     at TP4-PP2 over vllm at TP8 (the paper's comparison)."""
     falcon = table[table["deployment"].isin(FALCON)]
     if falcon.empty:
