@@ -191,6 +191,7 @@ def test_notebook_executes_and_saves_figures(built, name):
     check_executed_notebook(built, name)
 
 
+@pytest.mark.slow
 def test_report_has_three_sections(built):
     html = (built / "report.html").read_text()
     for title in (report.SECTIONS[name] for name in report.GENERIC_SECTIONS):

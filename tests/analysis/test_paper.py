@@ -65,6 +65,7 @@ def test_ablation_and_bubbles(results):
     assert set(bubbles["deployment"]) == {"falcon180b_a100_tp4_pp2"}
 
 
+@pytest.mark.slow
 def test_report_of_the_study_is_its_section_alone(results):
     from stallfree.analysis import report
 

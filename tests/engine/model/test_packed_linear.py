@@ -80,6 +80,7 @@ print(rss_mib() - start)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_many_batch_sizes_leave_rss_bounded(dtype):
     """oneDNN caches a primitive with a weight copy per input shape: unbounded, 400 batch sizes through two

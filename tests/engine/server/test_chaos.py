@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -134,6 +135,7 @@ def rss_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
+@pytest.mark.slow
 def test_hostile_traffic_harms_no_well_formed_stream(poisoned_server):
     url, engine = poisoned_server.url, poisoned_server.state.engine_loop.engine
     bodies = good_bodies()

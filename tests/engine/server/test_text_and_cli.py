@@ -63,6 +63,7 @@ def test_cli_bad_values_exit_2_with_one_line(args, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_cli_ready_line_and_sigterm():
     exe = Path(sys.executable).with_name("stallfree-serve")
     proc = subprocess.Popen([str(exe), "port=0", "model.dtype=float32", "model.kv_memory_gib=0.01",

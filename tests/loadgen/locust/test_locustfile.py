@@ -136,6 +136,7 @@ def test_open_loop_arrivals_are_poisson_and_ignore_slow_responses(slow_url, tmp_
     (["--model", "fake-status-500"], "error", "HTTP 500: "),
     (["--model", "fake", "--request-timeout", "0.3"], "timeout", "no complete response within 0.3 s"),
 ])
+@pytest.mark.slow
 def test_failures_become_rows_and_failed_requests(slow_url, tmp_path, args, status, error):
     rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", "20", "--num-requests", "5", *args, *SMALL)
     assert [row.status for row in rows] == [status] * 5
@@ -145,6 +146,7 @@ def test_failures_become_rows_and_failed_requests(slow_url, tmp_path, args, stat
     assert run["ended"] == 5 and run["slo_met_pct"] == 0 and run["in_flight"] == 0
 
 
+@pytest.mark.slow
 def test_in_flight_cap_drops_and_counts(slow_url, tmp_path):
     rows = run_headless(slow_url, tmp_path, "OpenLoopUser", "--qps", "50", "--num-requests", "30",
                         "--max-in-flight", "3", "--model", "fake", *SMALL)
@@ -199,6 +201,7 @@ def test_distributed_master_and_two_workers(fake_url, tmp_path):
     assert run["ended"] == 60 and run["output_tokens"] == 60 * 16 and run["in_flight"] == 0
 
 
+@pytest.mark.slow
 def test_bench_target_locust(tiny_url, tmp_path):
     command = [str(Path(sys.executable).with_name("stallfree-bench")), "target=locust", f"target.url={tiny_url}",
                "workload=fixed", "num_requests=8", "qps=4", "slo.tbt_ms=1000", f"results_dir={tmp_path}",

@@ -64,6 +64,7 @@ def test_open_loop_chat_times_every_token(tiny_url, chat_specs):
     _check(records, chat_specs)
 
 
+@pytest.mark.slow
 def test_locust_chat_times_every_token(tiny_url, chat_specs, tmp_path):
     records = run_locust(tiny_url, chat_specs, tmp_path, model="tiny", timeout_s=60, endpoint="chat")
     _check(records, chat_specs)

@@ -113,6 +113,7 @@ def test_validate_cli_accepts_the_presets():
         validate_cli([f"+experiment={preset}", "-m"])
 
 
+@pytest.mark.slow
 def test_simulated_sweep_on_a_virtual_clock(tmp_path):
     """model.runner=simulated model.clock=virtual: the real schedulers on simulated time, so a long
     workload at high load replays in a few seconds of wall time."""

@@ -44,6 +44,7 @@ def test_paper_preset_takes_each_deployments_slo_and_token_budget(model, slo, tb
     assert params["scheduler"] == "vllm,orca,sarathi" and params["workload"] == "openchat_sharegpt4,arxiv"
 
 
+@pytest.mark.slow
 def test_paper_preset_runs_a_point_of_a_pipelined_deployment(tmp_path):
     pytest.importorskip("stallfree.engine.simulator.ops", reason="the operator cost model (engine/simulator/ops)")
     args = ["+experiment=paper", "mode=run", "model=llama2_70b_a40_tp4_pp2", "workload=openchat_sharegpt4",

@@ -117,6 +117,7 @@ def test_report_on_a_directory_without_runs(tmp_path):
     assert_one_line(run([BIN / "stallfree-report", str(tmp_path / "typo")], tmp_path), 2, "not found")
 
 
+@pytest.mark.slow
 def test_locust_against_a_server_that_is_down(tmp_path):
     locustfile = LOCUSTFILE
     done = run([BIN / "locust", "-f", str(locustfile), "--host", f"http://127.0.0.1:{closed_port()}", "--headless",
