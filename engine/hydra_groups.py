@@ -108,7 +108,7 @@ class ModelGroup:
         require(self.tokenizer is None or bool(self.tokenizer), "model.tokenizer",
                 "a tokenizer directory, a preset name or null", self.tokenizer)
         if self.cost_model is not None:
-            cost_model_file(self.cost_model, "model.cost_model")
+            self.cost_model = cost_model_file(self.cost_model, "model.cost_model")  # the file it names, once
         require(self.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", self.op_split_every)
 
 
@@ -137,7 +137,7 @@ def engine_config(model: ModelGroup, scheduler: SchedulerGroup, chunk_size: int 
         model=ModelConfig(
             model=model.name if model.path is None else str(Path(model.name).expanduser()), dtype=model.dtype,
             device=model.device, max_model_len=model.max_model_len, attention_backend=model.attention_backend,
-            runner=model.runner, cost_model=model.cost_model and cost_model_file(model.cost_model, "model.cost_model"),
+            runner=model.runner, cost_model=model.cost_model,
             clock=model.clock, cuda_graphs=model.cuda_graphs,
             tokenizer=None if model.tokenizer is None else str(Path(model.tokenizer).expanduser()),
             skip_tokenizer_init=model.skip_tokenizer_init, deployment=model.deployment,
