@@ -65,15 +65,33 @@ def usable_cores() -> float:
     return cores
 
 
+_torch_threads = {"before": 0, "set_to": 0}  # torch's count before a governor first changed it, and the last one set
+
+
+def set_torch_threads(threads: int) -> None:
+    current = torch.get_num_threads()
+    if current != _torch_threads["set_to"]:  # the count is the process's own, not a governor's
+        _torch_threads["before"] = current
+    _torch_threads["set_to"] = threads
+    torch.set_num_threads(threads)
+
+
+def quiet_threads() -> int:
+    """torch's thread count as the process set it, before any governor shrank it: engines built one after
+    another in a process (a profile, a benchmark) must not inherit a team shrunk for an earlier engine."""
+    current = torch.get_num_threads()
+    return _torch_threads["before"] if current == _torch_threads["set_to"] else current
+
+
 class CpuThreads:
     """``max_threads``: the team size on a quiet machine (torch's default: the physical cores). ``sample``
     and ``set_threads`` are injected for tests."""
 
     def __init__(self, max_threads: int | None = None, *, cores: float | None = None,
                  sample: Callable[[], CpuSample] = read_sample,
-                 set_threads: Callable[[int], None] = torch.set_num_threads):
+                 set_threads: Callable[[int], None] = set_torch_threads):
         self.cores = usable_cores() if cores is None else cores
-        self.max_threads = max(1, min(max_threads or torch.get_num_threads(), math.floor(self.cores)))
+        self.max_threads = max(1, min(max_threads or quiet_threads(), math.floor(self.cores)))
         self.sample, self.set_threads = sample, set_threads
         self.others = 0.0  # cores' worth of CPU the other processes used lately
         self.threads = self.max_threads

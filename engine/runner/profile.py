@@ -23,9 +23,13 @@ from stallfree.engine.outputs import BatchRecord
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import CLOCKS
 from stallfree.engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
+from stallfree.engine.runner.cpu_threads import quiet_threads
 
 PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
 WARMUP_ITERATIONS = 2  # the first iterations of an engine carry one-off costs (allocation, kernel builds)
+# Half of a policy's requests come at once (large decode batches, whole-budget chunks), half one every
+# STAGGER_STEPS iterations, as open-loop arrivals come: lone prompts' prefills beside a few decodes.
+STAGGER_STEPS = 8
 
 
 class ProfiledEngine(Protocol):
@@ -63,7 +67,7 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     iteration times. ``progress`` gets the number of requests finished since its last call."""
     mc, cc = config.model, config.cache
     key = [COST_MODEL_VERSION, ENGINE_REVISION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
-           torch.get_num_threads(), num_requests, seed]
+           quiet_threads(), num_requests, seed]
     path = cache_root() / "cost_models" / (hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16] + ".json")
     if use_cache and path.is_file():
         return CostModel.load(path)
@@ -73,16 +77,14 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
         scheduler = replace(config.scheduler, policy=policy, chunk_size=chunk_size or config.scheduler.chunk_size)
         engine = make_engine(replace(config, model=replace(mc, runner="model"), scheduler=scheduler))
         limit = min(1024, engine.max_model_len // 2)
-        for _ in range(num_requests):
-            prompt = [rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))]
-            # Greedy, as the load generator's requests are: random sampling costs ~0.6 ms a sequence on
-            # a CPU (softmax and noise over the vocabulary), which inflated the fitted decode cost 2x.
-            engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0,
-                                                      ignore_eos=True))
-        while engine.has_unfinished():
-            finished = sum(out.finished for out in engine.step())
-            if progress is not None and finished:
-                progress(finished)
+        # Greedy, as the load generator's requests are: random sampling costs ~0.6 ms a sequence on
+        # a CPU (softmax and noise over the vocabulary), which inflated the fitted decode cost 2x.
+        requests = [([rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))],
+                     SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0, ignore_eos=True))
+                    for _ in range(num_requests)]
+        half = num_requests // 2
+        for stagger_steps, part in ((0, requests[:half]), (STAGGER_STEPS, requests[half:])):
+            _run(engine, part, stagger_steps, progress)
         records += engine.batch_records[WARMUP_ITERATIONS:]
     model = CostModel.fit(records, seed=seed, fitted_on=_describe(config, engine))
     if use_cache:
@@ -90,10 +92,26 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     return model
 
 
+def _run(engine: ProfiledEngine, requests: list[tuple[list[int], SamplingParams]], stagger_steps: int,
+         progress: Callable[[int], None] | None) -> None:
+    """Run ``requests`` to the end: all at once (``stagger_steps`` 0), or one every ``stagger_steps`` steps."""
+    pending = list(reversed(requests))
+    steps = 0
+    while pending or engine.has_unfinished():
+        while pending and (stagger_steps == 0 or steps % stagger_steps == 0):
+            engine.add_request(*pending.pop())
+            if stagger_steps:
+                break
+        finished = sum(out.finished for out in engine.step())
+        steps += 1
+        if progress is not None and finished:
+            progress(finished)
+
+
 def _describe(config: EngineConfig, engine: ProfiledEngine) -> dict:
     device = engine.device
     hardware = (torch.cuda.get_device_name(device) if device.type == "cuda"
-                else f"{cpu_description()}, {torch.get_num_threads()} threads")
+                else f"{cpu_description()}, {quiet_threads()} threads")
     return {"model": config.model.model, "device": str(device), "hardware": hardware, "dtype": str(engine.dtype),
             "attention_backend": config.model.attention_backend, "block_size": config.cache.block_size,
             "torch": torch.__version__, "engine_revision": ENGINE_REVISION, "date": datetime.date.today().isoformat(),

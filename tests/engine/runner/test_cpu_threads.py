@@ -106,3 +106,21 @@ def test_a_load_generator_that_keeps_a_core_busy_without_making_the_team_wait_le
     threads = governor(machine)
     machine.others, machine.delayed = 0.9, 0.05  # streaming clients: busy in bursts, between the engine's steps
     assert run(machine, threads, 2.0) == 2 and machine.set_calls == [2]
+
+
+def test_an_engine_built_after_a_shrunk_one_starts_from_the_process_team_size():
+    """A profile or benchmark builds engines one after another: a team shrunk under load for one engine is
+    not the next engine's quiet-machine team size; a count the process itself sets is."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        machine = FakeMachine()
+        machine.others = 1.0
+        shrunk = CpuThreads(cores=2, sample=machine.sample)
+        assert run(machine, shrunk, 1.0) == 1 and torch.get_num_threads() == 1
+        assert CpuThreads(cores=2, sample=FakeMachine().sample).max_threads == 2
+        torch.set_num_threads(1)  # the process's own choice
+        assert CpuThreads(cores=2, sample=FakeMachine().sample).max_threads == 1
+    finally:
+        torch.set_num_threads(before)
