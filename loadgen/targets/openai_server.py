@@ -24,6 +24,7 @@ class _OpenLoopHttpTarget:
 
     url: str
     engine_pid: int | None = None  # a server elsewhere: its CPU is not measured
+    client_nice = 0  # a server elsewhere may not share our CPUs: nothing to give way to
 
     def __init__(self, cfg: BenchConfig, served_model: str):
         self.served_model = served_model
