@@ -85,6 +85,8 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
 class LocustTarget:
     """target=locust (see the module docstring)."""
 
+    client_nice = 0  # Locust's processes run at this process's nice value
+
     def __init__(self, cfg: BenchConfig, log_dir: Path):
         t = cfg.target
         self.vocab_size = model_vocab_size(cfg)

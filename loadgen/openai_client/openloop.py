@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from stallfree.loadgen.openai_client.client import HttpClient, send_request
 from stallfree.loadgen.results.records import RequestRecord
@@ -73,6 +75,39 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
             for i in range(len(specs))]
 
 
-def run_open_loop_sync(base_url: str, specs: Sequence[RequestSpec], **kwargs) -> list[RequestRecord]:
-    """``run_open_loop`` in a fresh event loop; Ctrl-C stops the run and still returns the records."""
-    return asyncio.run(run_open_loop(base_url, specs, **kwargs))
+def run_open_loop_sync(base_url: str, specs: Sequence[RequestSpec], *, nice: int = 0,
+                       **kwargs) -> list[RequestRecord]:
+    """``run_open_loop`` in a fresh event loop; Ctrl-C stops the run and still returns the records.
+
+    ``nice`` > 0: the loop runs in a thread of its own whose nice value is that much higher than the
+    caller's, so that an engine on the same CPUs gets them first. Linux keeps a nice value per thread
+    (new threads and processes inherit their creator's), and an unprivileged process cannot lower it
+    again: raising the caller's own would also lower every server it starts afterwards.
+    """
+    if nice <= 0:
+        return asyncio.run(run_open_loop(base_url, specs, **kwargs))
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run_open_loop(base_url, specs, **kwargs))
+    with ThreadPoolExecutor(1, thread_name_prefix="open-loop") as pool:
+        records = pool.submit(_run_niced, loop, task, nice)
+        try:
+            return records.result()
+        except KeyboardInterrupt:  # delivered to the main thread: stop the loop's run as asyncio.run would
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                loop.call_soon_threadsafe(task.cancel)
+            try:
+                return records.result()
+            except asyncio.CancelledError:  # cancelled before it began: no records
+                raise KeyboardInterrupt from None
+
+
+def _run_niced(loop: asyncio.AbstractEventLoop, task: asyncio.Task, nice: int) -> list[RequestRecord]:
+    os.nice(nice)  # this thread's alone (see run_open_loop_sync)
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(task)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        asyncio.set_event_loop(None)
+        loop.close()

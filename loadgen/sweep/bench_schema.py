@@ -79,6 +79,7 @@ class TargetGroup:
     workers: int = 1  # locust processes
     max_in_flight: int | None = None
     endpoint: str | None = None  # None: no HTTP (inprocess)
+    client_nice: int = 5  # http: the client replays this much nicer than the bench, giving way to its server
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
@@ -90,6 +91,7 @@ class TargetGroup:
                 "an integer >= 1 or null", self.max_in_flight)
         require(self.endpoint is None or self.endpoint in ENDPOINT_PATHS, "target.endpoint",
                 f"one of {sorted(ENDPOINT_PATHS)}", self.endpoint)
+        require(0 <= self.client_nice <= 19, "target.client_nice", "an integer in [0, 19]", self.client_nice)
 
 
 @dataclass

@@ -7,8 +7,10 @@ arrivals) asks for nothing, so a light load is not mistaken for a starved one. A
 less than ``MIN_CPU_SHARE`` of what it asked for is ``disturbed``: another process (or a noisy
 neighbour VM, see ``steal_share``) took its CPUs and its latencies measure the machine, not the policy.
 
-Also recorded: the engine process's CPU time against wall x its threads, the other processes' share of
-all CPUs (``/proc/stat`` minus the engine and this process), steal time and the 1-minute load average.
+Also recorded: the engine process's CPU time against wall x its threads, the load generator's CPU time
+and share of all CPUs when it runs in a process of its own, the other processes' share (``/proc/stat``
+minus the engine and the load generator), steal time and the 1-minute load average; and ``Placement``:
+the CPUs and nice value the load generator and the engine ran with.
 """
 from __future__ import annotations
 
@@ -26,13 +28,15 @@ class CpuSample:
     wall_s: float
     thread_ns: dict[int, tuple[int, int]]  # tid -> (ran, waited runnable), ns
     engine_cpu_s: float  # user + system time of the engine process
-    own_cpu_s: float  # this process's (the load generator's, when the engine runs elsewhere)
+    # this process's, and its children's that ended (Locust): the load generator's, when the engine runs elsewhere
+    own_cpu_s: float
     cpu_ticks: list[int]  # /proc/stat "cpu": user nice system idle iowait irq softirq steal
 
 
-def _process_cpu_s(pid: int) -> float:
+def _process_cpu_s(pid: int, children: bool = False) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return (ticks + (int(fields[13]) + int(fields[14]) if children else 0)) * TICK_S  # cutime, cstime
 
 
 def _threads(pid: int) -> dict[int, tuple[int, int]]:
@@ -48,7 +52,7 @@ def _threads(pid: int) -> dict[int, tuple[int, int]]:
 
 def sample(pid: int) -> CpuSample:
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return CpuSample(time.time(), _threads(pid), _process_cpu_s(pid), _process_cpu_s(os.getpid()), ticks)
+    return CpuSample(time.time(), _threads(pid), _process_cpu_s(pid), _process_cpu_s(os.getpid(), children=True), ticks)
 
 
 @dataclass
@@ -58,6 +62,9 @@ class CpuReport:
     engine_run_delay_s: float
     engine_threads: int
     engine_cpu_per_thread_wall: float  # engine CPU time / (wall x threads)
+    # the load generator's CPU time, and that / all CPU time; None when it runs in the engine's process
+    loadgen_cpu_s: float | None
+    loadgen_cpu_share: float | None
     others_cpu_share: float  # busy CPU time of other processes / all CPU time
     steal_share: float
     load_avg_1m: float
@@ -78,14 +85,45 @@ def compare(start: CpuSample, end: CpuSample, same_process: bool, min_share: flo
     total_s = max(sum(ticks), 1) * TICK_S
     idle_s = (ticks[3] + ticks[4]) * TICK_S
     engine_s = end.engine_cpu_s - start.engine_cpu_s
-    ours_s = engine_s + (0.0 if same_process else end.own_cpu_s - start.own_cpu_s)
+    loadgen_s = None if same_process else end.own_cpu_s - start.own_cpu_s
+    ours_s = engine_s + (loadgen_s or 0.0)
     share = ran / (ran + waited) if ran + waited > 0 else None
     threads = len(end.thread_ns)
     return CpuReport(
         engine_cpu_share=share, engine_cpu_s=engine_s, engine_run_delay_s=waited, engine_threads=threads,
         engine_cpu_per_thread_wall=engine_s / (wall * threads) if wall > 0 and threads else 0.0,
+        loadgen_cpu_s=loadgen_s, loadgen_cpu_share=None if loadgen_s is None else loadgen_s / total_s,
         others_cpu_share=max(0.0, total_s - idle_s - ours_s) / total_s, steal_share=ticks[7] * TICK_S / total_s,
         load_avg_1m=os.getloadavg()[0], wall_s=wall, disturbed=share is not None and share < min_share)
+
+
+@dataclass
+class Placement:
+    """Where the load generator and the engine of a run could run, taken as the replay starts."""
+
+    # inprocess: the engine is this process, the load generator runs in its thread between steps;
+    # subprocess: a server this process started; external: a server it did not start (not looked at)
+    cpu_placement: str
+    loadgen_cpus: list[int]  # the CPUs the load generator may run on (its affinity)
+    loadgen_nice: int  # the nice value of the thread it replays in (target=http: + target.client_nice)
+    engine_cpus: list[int] | None  # the engine process's affinity; None: external, or the server is gone
+    engine_nice: int | None  # the nice value of its main thread; None as for engine_cpus
+
+
+def placement(in_process: bool, engine_pid: int | None, client_nice: int = 0) -> Placement:
+    """The placement of a replay by this process on an engine in it (``in_process``) or at ``engine_pid``
+    (None: external); ``client_nice``: what the target adds to this thread's nice value for its replay
+    (capped at 19, as the kernel does)."""
+    engine = os.getpid() if in_process else engine_pid
+    engine_cpus = engine_nice = None
+    if engine is not None:
+        try:
+            engine_cpus, engine_nice = sorted(os.sched_getaffinity(engine)), os.getpriority(os.PRIO_PROCESS, engine)
+        except ProcessLookupError:  # the server died: its run fails on its requests, not here
+            pass
+    kind = "inprocess" if in_process else "external" if engine_pid is None else "subprocess"
+    return Placement(kind, sorted(os.sched_getaffinity(0)), min(19, os.getpriority(os.PRIO_PROCESS, 0) + client_nice),
+                     engine_cpus, engine_nice)
 
 
 class CpuMonitor:

@@ -6,6 +6,7 @@ in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadg
 ``rerun=all`` (``--force``) every run."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -21,7 +22,7 @@ from stallfree.loadgen.results.run_dir import (
 from stallfree.loadgen.results.summary_block import result_block
 from stallfree.loadgen.sweep.bench_config import workload_tokenizer
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
-from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport
+from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport, placement
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import RunPlan, plan_run
@@ -68,12 +69,15 @@ def run_repeats(cfg: BenchConfig, targets: LiveTarget) -> list[dict]:
             for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
 
 
-def cpu_summary(report: CpuReport | None, virtual_time: bool) -> dict:
-    """The run's CPU report for its summary. On a virtual clock the results do not depend on the CPU the
-    engine got, so such a run is never ``disturbed`` (and never measured again for it)."""
+def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0) -> dict:
+    """The run's CPU report for its summary, with the load generator's CPU per request sent (``requests``).
+    On a virtual clock the results do not depend on the CPU the engine got, so such a run is never
+    ``disturbed`` (and never measured again for it)."""
     if report is None:
         return {"disturbed": None}
-    return {**report.as_summary(), "disturbed": report.disturbed and not virtual_time}
+    per_request = None if report.loadgen_cpu_s is None or not requests else report.loadgen_cpu_s * 1e3 / requests
+    return {**report.as_summary(), "loadgen_cpu_ms_per_request": per_request,
+            "disturbed": report.disturbed and not virtual_time}
 
 
 def must_rerun(rerun: str, summary: dict) -> bool:
@@ -108,6 +112,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                            cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
                            tokenizer=workload_tokenizer(cfg))
     desc = f"[{progress.position()}{progress.eta()}] {plan.run_id}"
+    where = placement(cfg.target.kind == "inprocess", target.engine_pid, target.client_nice)
     with (CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share) as cpu,
           tqdm(total=len(specs), desc=desc[:80], unit="req", leave=False, disable=None) as bar):
         replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
@@ -121,7 +126,8 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
                **pipeline_summary(replay.batches),
-               **cpu_summary(cpu.report, virtual_time=cfg.virtual_time)}
+               **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
+               **dataclasses.asdict(where)}
     with experiment_lock(plan.exp_dir):
         if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
             summary = _read_summary(plan)

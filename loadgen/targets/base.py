@@ -28,6 +28,7 @@ class Target(Protocol):
 
     vocab_size: int  # prompt token ids are drawn below it
     engine_pid: int | None  # the engine's process on this machine (its CPU share is measured), else None
+    client_nice: int  # added to the calling thread's nice value for the load generator while it replays
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         """Send the specs on their schedule; the first ``warmup`` records are marked is_warmup."""

@@ -131,6 +131,8 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
 class InProcessTarget:
     """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
 
+    client_nice = 0  # the load generator runs in the engine's thread: lowering it would lower the engine
+
     def __init__(self, cfg: BenchConfig, log_dir: Path):
         from stallfree.engine import LLMEngine
 

@@ -24,6 +24,7 @@ class _OpenLoopHttpTarget:
 
     url: str
     engine_pid: int | None = None  # a server elsewhere: its CPU is not measured
+    client_nice = 0  # a server elsewhere may not share our CPUs: nothing to give way to
 
     def __init__(self, cfg: BenchConfig, served_model: str):
         self.served_model = served_model
@@ -34,7 +35,7 @@ class _OpenLoopHttpTarget:
     def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
         return run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
                                   timeout_s=self.timeout_s, warmup=warmup, progress=progress,
-                                  endpoint=self.endpoint)
+                                  endpoint=self.endpoint, nice=self.client_nice)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         return Replay(self.send(specs, warmup=warmup, progress=progress), None)
@@ -64,6 +65,7 @@ class HttpTarget(_OpenLoopHttpTarget):
         self._resources = contextlib.ExitStack()
         self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
         self.url, self.engine_pid = self.server.url, self.server.process.pid
+        self.client_nice = cfg.target.client_nice  # the engine shares our CPUs: the client gives way to it
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         poller = BatchPoller(self.url, since=time.time())

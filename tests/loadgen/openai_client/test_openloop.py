@@ -94,18 +94,34 @@ def test_cancel_returns_a_row_for_every_spec(fake_url):
     assert all(r.output_tokens > 0 for r in rows[:2]) and rows[2].send_time is None
 
 
-def test_ctrl_c_stops_the_sync_run_cleanly(fake_url):
+@pytest.mark.parametrize("nice", [0, 3])
+def test_ctrl_c_stops_the_sync_run_cleanly(fake_url, nice):
     # Ctrl-C as at a terminal: Python's own SIGINT handler, whatever earlier code in this process set.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
-        rows = run_open_loop_sync(fake_url, specs_at([0.0, 30.0], max_tokens=400), model="fake", timeout_s=10)
+        rows = run_open_loop_sync(fake_url, specs_at([0.0, 30.0], max_tokens=400), model="fake", timeout_s=10,
+                                  nice=nice)
         timer.join()
     finally:
         signal.signal(signal.SIGINT, previous)
     assert [(r.status, r.error) for r in rows] == [("aborted", "cancelled while in flight"),
                                                          ("aborted", "not sent")]
+
+
+def test_a_nicer_client_replays_in_a_thread_of_its_own(fake_url):
+    """``nice`` (target.client_nice): the loop's thread runs that much nicer; the caller keeps its value."""
+    nice, seen = os.getpriority(os.PRIO_PROCESS, 0), []
+
+    def progress(record):
+        seen.append((threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
+
+    rows = run_open_loop_sync(fake_url, specs_at([0.0] * 2), model="fake", timeout_s=5, nice=4, progress=progress)
+    assert [r.status for r in rows] == ["ok"] * 2
+    assert [value for _, value in seen] == [min(19, nice + 4)] * 2
+    assert threading.get_native_id() not in {tid for tid, _ in seen}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == nice
 
 
 def test_in_flight_cap_delays_sends_and_records_the_lag(fake_url):

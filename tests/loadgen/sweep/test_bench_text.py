@@ -1,6 +1,7 @@
 """stallfree-bench end to end on tiny with text workloads: repeats on seeds, vLLM-style goodput and the
-CPU-share fields in-process, and chat load over HTTP."""
+CPU-share fields in-process, and chat load over HTTP from a client that gives way to its server."""
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -45,6 +46,10 @@ def test_chat_over_http_from_a_jsonl_file(tmp_path):
     [summary] = _summaries(tmp_path / "chat")
     assert summary["completed"] == 3 and summary["failed"] == 0
     assert summary["engine_cpu_share"] is not None  # the server process the bench started
+    nice = os.getpriority(os.PRIO_PROCESS, 0)  # the bench's and so its server's
+    assert summary["cpu_placement"] == "subprocess" and summary["engine_nice"] == nice
+    assert summary["loadgen_nice"] == min(19, nice + 5)  # target.client_nice's default
+    assert summary["loadgen_cpu_s"] > 0 and summary["loadgen_cpu_ms_per_request"] > 0
     requests = pd.read_parquet(run_dirs(tmp_path / "chat")[0] / "requests.parquet")
     assert requests["output_tokens"].tolist() == [12, 8, 5]
 
@@ -58,6 +63,7 @@ def test_chat_over_http_from_a_jsonl_file(tmp_path):
     (["slo.goodput=itl:5"], "slo.goodput keys are"),
     (["repeats=0"], "repeats must be an integer >= 1"),
     (["min_engine_cpu_share=2"], "min_engine_cpu_share must be a number in [0, 1]"),
+    (["target=http", "target.client_nice=-1"], "target.client_nice must be an integer in [0, 19]"),
 ])
 def test_config_errors_of_the_new_keys(args, message):
     with pytest.raises(ConfigError) as info:

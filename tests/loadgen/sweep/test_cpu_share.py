@@ -1,5 +1,6 @@
-"""Disturbed-run detection (loadgen.sweep.cpu_share): the arithmetic on constructed samples, and a real
-in-process replay starved by bounded CPU hogs."""
+"""Disturbed-run detection and the load generator's share (loadgen.sweep.cpu_share): the arithmetic on
+constructed samples, a real in-process replay starved by bounded CPU hogs, and the placement every
+summary records."""
 from __future__ import annotations
 
 import os
@@ -7,17 +8,21 @@ import subprocess
 import sys
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from stallfree.loadgen.sweep.cpu_share import TICK_S, CpuMonitor, CpuSample, compare
-from stallfree.loadgen.sweep.point import cpu_summary
+from stallfree.loadgen.sweep.bench_schema import load_bench
+from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.loadgen.sweep.cpu_share import TICK_S, CpuMonitor, CpuSample, compare, placement
+from stallfree.loadgen.sweep.live_target import LiveTarget
+from stallfree.loadgen.sweep.point import cpu_summary, run_point
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload
 
 HOG_S = 60  # each hog stops by itself after this long, whatever happens to the test
 
 
-def _sample(wall: float, threads: dict, engine_cpu: float, ticks: list[int]) -> CpuSample:
-    return CpuSample(wall, threads, engine_cpu, engine_cpu, ticks)
+def _sample(wall: float, threads: dict, engine_cpu: float, ticks: list[int], own_cpu: float | None = None) -> CpuSample:
+    return CpuSample(wall, threads, engine_cpu, engine_cpu if own_cpu is None else own_cpu, ticks)
 
 
 def test_share_is_what_the_engine_ran_of_what_it_asked_for():
@@ -33,8 +38,42 @@ def test_share_is_what_the_engine_ran_of_what_it_asked_for():
     assert report.engine_threads == 3 and report.engine_cpu_per_thread_wall == pytest.approx(9 / 30)
     assert report.others_cpu_share == pytest.approx((20 - 5 - 9) / 20)
     assert report.steal_share == pytest.approx(1 / 20)
+    assert report.loadgen_cpu_s is None and report.loadgen_cpu_share is None  # inside the engine's time
     fine = compare(start, _sample(10.0, {1: (int(9e9), int(0.5e9))}, 9.0, ticks1), same_process=True)
     assert fine.engine_cpu_share == pytest.approx(9 / 9.5) and not fine.disturbed
+
+
+def test_a_load_generator_of_its_own_is_counted_apart_from_the_others():
+    total = round(20 / TICK_S)  # 10 s of 2 CPUs, 5 s of them idle
+    ticks1 = [total - round(5 / TICK_S), 0, 0, round(5 / TICK_S), 0, 0, 0, 0]
+    start = _sample(0.0, {1: (0, 0)}, 0.0, [0] * 8, own_cpu=1.0)
+    end = _sample(10.0, {1: (int(9e9), 0)}, 9.0, ticks1, own_cpu=3.0)
+    report = compare(start, end, same_process=False)
+    assert report.loadgen_cpu_s == pytest.approx(2.0) and report.loadgen_cpu_share == pytest.approx(2 / 20)
+    assert report.others_cpu_share == pytest.approx((20 - 5 - 9 - 2) / 20)
+    summary = cpu_summary(report, virtual_time=False, requests=40)
+    assert summary["loadgen_cpu_ms_per_request"] == pytest.approx(50.0)
+    assert cpu_summary(compare(start, end, same_process=True), False, 40)["loadgen_cpu_ms_per_request"] is None
+
+
+def test_placement_records_each_sides_cpus_and_nice_value():
+    cpus, nice = sorted(os.sched_getaffinity(0)), os.getpriority(os.PRIO_PROCESS, 0)
+    here = placement(in_process=True, engine_pid=None)
+    assert (here.cpu_placement, here.loadgen_cpus, here.engine_cpus) == ("inprocess", cpus, cpus)
+    assert here.loadgen_nice == here.engine_nice == nice
+    far = placement(in_process=False, engine_pid=None, client_nice=5)
+    assert (far.cpu_placement, far.loadgen_nice, far.engine_cpus, far.engine_nice) == ("external", min(19, nice + 5),
+                                                                                        None, None)
+    assert placement(False, None, client_nice=19).loadgen_nice == 19  # the kernel's cap
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], preexec_fn=lambda: os.nice(3))
+    try:
+        child = placement(in_process=False, engine_pid=server.pid)
+        assert (child.cpu_placement, child.engine_cpus, child.engine_nice) == ("subprocess", cpus, min(19, nice + 3))
+    finally:
+        server.kill()
+        server.wait()
+    gone = placement(in_process=False, engine_pid=server.pid)
+    assert gone.cpu_placement == "subprocess" and gone.engine_cpus is None and gone.engine_nice is None
 
 
 def test_an_idle_engine_is_not_disturbed():
@@ -89,3 +128,19 @@ def test_a_virtual_clock_run_is_never_disturbed():
     virtual = cpu_summary(starved, virtual_time=True)
     assert virtual["disturbed"] is False and virtual["engine_cpu_share"] == pytest.approx(0.1)
     assert cpu_summary(None, virtual_time=True) == {"disturbed": None}
+
+
+def test_a_runs_summary_says_how_the_cpu_was_shared(tmp_path):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["model=tiny", "workload=fixed", "arrival=burst", "num_requests=3",
+                                           "slo.tbt_ms=1000", "min_engine_cpu_share=0", f"results_dir={tmp_path}"]))
+    targets = LiveTarget()
+    try:
+        summary = run_point(cfg, targets)
+    finally:
+        targets.close()
+    assert summary["completed"] == 3 and summary["cpu_placement"] == "inprocess"
+    assert summary["loadgen_cpus"] == summary["engine_cpus"] == sorted(os.sched_getaffinity(0))
+    assert summary["loadgen_nice"] == summary["engine_nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+    assert summary["loadgen_cpu_s"] is None and summary["loadgen_cpu_ms_per_request"] is None
+    assert summary["engine_cpu_s"] > 0
