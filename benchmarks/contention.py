@@ -7,7 +7,8 @@ the wall time, the prefill-chunk and decode-iteration times (median, from the Ba
 counts used and the CPU share the engine got (ran / (ran + waited runnable), loadgen/sweep/cpu_share.py).
 Conditions alternate within each repeat so that drift on the machine hits all of them alike. Served:
 ``stallfree-bench target=http`` (and ``target=locust``) at ``--qps`` with ``model.adaptive_cpu_threads``
-true and false: P99 TBT and the engine's CPU share from each run's summary.
+true and false, and for ``http`` the client at ``target.client_nice`` 0 and 5: P99 TBT, the engine's CPU
+share and the load generator's CPU from each run's summary.
 
     python -m benchmarks.contention [--repeats 3] [--served-qps 4] [--out benchmarks/results/contention.json]
 """
@@ -71,16 +72,20 @@ def served(qps: float, targets: list[str], num_requests: int) -> list[dict]:
     bench = Path(sys.executable).with_name("stallfree-bench")
     rows = []
     for target in targets:
-        for adaptive in (False, True):
+        # target=http's client gives way to the server by target.client_nice (default 5): measured at 0 too
+        for adaptive, nice in ((False, 0), (True, 0), (True, 5)) if target == "http" else ((False, None), (True, None)):
             with tempfile.TemporaryDirectory() as tmp:
                 cmd = [str(bench), f"target={target}", "model=small", "scheduler=sarathi", "chunk_size=512",
                        f"qps={qps}", f"num_requests={num_requests}", "workload=fixed", "workload.lengths.prompt=512",
                        "workload.lengths.output=32", f"model.adaptive_cpu_threads={str(adaptive).lower()}",
-                       f"results_dir={tmp}", "experiment_name=contention", "min_engine_cpu_share=0"]
+                       f"results_dir={tmp}", "experiment_name=contention", "min_engine_cpu_share=0",
+                       *([f"target.client_nice={nice}"] if nice is not None else [])]
                 subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900)
                 summary = json.loads(next(Path(tmp).glob("contention/*/summary.json")).read_text())
-            row = {"target": target, "qps": qps, "adaptive": adaptive, "p99_tbt_ms": summary.get("p99_tbt_ms"),
-                   "median_ttft_ms": summary.get("median_ttft_ms"), "engine_cpu_share": summary.get("engine_cpu_share")}
+            row = {"target": target, "qps": qps, "adaptive": adaptive, "client_nice": nice,
+                   **{k: summary.get(k) for k in ("p99_tbt_ms", "median_ttft_ms", "engine_cpu_share",
+                                                  "loadgen_cpu_share", "loadgen_cpu_ms_per_request",
+                                                  "others_cpu_share")}}
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -124,8 +129,9 @@ def main() -> None:
         print(f"| {s['burner']:.0%} | {s['adaptive']} | {s['wall_s']} | {s['vs_quiet']}x | {s['prefill_chunk_s']} | "
               f"{s['decode_iter_s']} | {s['engine_cpu_share']} | {s['threads']} |")
     for s in result.get("served", []):
-        print(f"served {s['target']} qps={s['qps']} adaptive={s['adaptive']}: p99 TBT {s['p99_tbt_ms']} ms, "
-              f"engine CPU share {s['engine_cpu_share']}")
+        print(f"served {s['target']} qps={s['qps']} adaptive={s['adaptive']} client_nice={s['client_nice']}: "
+              f"p99 TBT {s['p99_tbt_ms']} ms, engine CPU share {s['engine_cpu_share']}, "
+              f"load generator {s['loadgen_cpu_ms_per_request']} ms CPU a request")
 
 
 if __name__ == "__main__":

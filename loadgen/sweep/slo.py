@@ -101,14 +101,13 @@ def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
 
 def cost_model_reference(cfg: BenchConfig, path: str) -> Reference:
     """The cost model's decode step of the probe's shape: num_seqs sequences halfway through their output."""
-    from stallfree.engine import CostModel
+    from stallfree.engine import CostModel, IterationFeatures
 
     p = cfg.decode_probe
     context = p.prompt_tokens + p.output_tokens // 2
-    c = CostModel.load(path).coefficients  # a decode-only step: no prefill features
-    seconds = c.get("intercept", 0.0) + c.get("num_decode_seqs", 0.0) * p.num_seqs \
-        + c.get("decode_context_tokens", 0.0) * p.num_seqs * context
-    return Reference(max(seconds, 0.0) * 1e3, "cost_model", False)
+    step = IterationFeatures(num_prefill_tokens=0, num_decode_seqs=p.num_seqs, prefill_attention_work=0,
+                             decode_context_tokens=p.num_seqs * context)
+    return Reference(CostModel.load(path).predict(step) * 1e3, "cost_model", False)
 
 
 def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Reference:

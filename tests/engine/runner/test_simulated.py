@@ -41,6 +41,16 @@ def test_fit_recovers_a_linear_cost_model_and_reports_its_held_out_error():
     assert fitted.fitted_on["model"] == "x" and fitted.fitted_on["num_records"] == 80
 
 
+def test_fit_separates_the_fixed_cost_of_running_decodes():
+    """Iterations with decodes pay a fixed 3 ms more than prefill-only ones: the fit puts that in
+    decode_pass, not in the intercept that a lone prompt's prefill also pays."""
+    truth = CostModel(coefficients={**FIXED.coefficients, "decode_pass": 0.003})
+    shapes = random_shapes(120, seed=4) + [(p, 0, p * p, 0) for p in range(16, 512, 16)]
+    fitted = CostModel.fit([record(*s, predicted(truth, record(*s, 0))) for s in shapes])
+    assert fitted.coefficients["decode_pass"] == pytest.approx(0.003, rel=1e-6)
+    assert fitted.coefficients["intercept"] == pytest.approx(FIXED.coefficients["intercept"], rel=1e-6)
+
+
 def test_residuals_replay_the_spread_of_real_iterations():
     """Iterations 20% slower one time in ten: the fit keeps that tail and the simulator draws it."""
     shapes = random_shapes(200, seed=1)
