@@ -79,7 +79,7 @@ class TargetGroup:
     workers: int = 1  # locust processes
     max_in_flight: int | None = None
     endpoint: str | None = None  # None: no HTTP (inprocess)
-    client_nice: int = 5  # http: the client replays this much nicer than the bench, giving way to its server
+    client_nice: int = 0  # http: the client replays this much nicer than the bench, giving way to its server
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS

@@ -39,7 +39,7 @@ def test_sonnet_repeats_inprocess(tmp_path):
 
 @pytest.mark.slow
 def test_chat_over_http_from_a_jsonl_file(tmp_path):
-    args = ["target=http", "target.endpoint=chat", "workload=jsonl", f"workload.lengths.path={DATA / 'requests_sample.jsonl'}",
+    args = ["target=http", "target.client_nice=5", "target.endpoint=chat", "workload=jsonl", f"workload.lengths.path={DATA / 'requests_sample.jsonl'}",
             "num_requests=3", "qps=4", "slo.tbt_ms=1000", "experiment_name=chat", f"results_dir={tmp_path}"]
     done = bench(args, tmp_path)
     assert done.returncode == 0, done.stderr
@@ -48,7 +48,7 @@ def test_chat_over_http_from_a_jsonl_file(tmp_path):
     assert summary["engine_cpu_share"] is not None  # the server process the bench started
     nice = os.getpriority(os.PRIO_PROCESS, 0)  # the bench's and so its server's
     assert summary["cpu_placement"] == "subprocess" and summary["engine_nice"] == nice
-    assert summary["loadgen_nice"] == min(19, nice + 5)  # target.client_nice's default
+    assert summary["loadgen_nice"] == min(19, nice + 5)  # target.client_nice
     assert summary["loadgen_cpu_s"] > 0 and summary["loadgen_cpu_ms_per_request"] > 0
     requests = pd.read_parquet(run_dirs(tmp_path / "chat")[0] / "requests.parquet")
     assert requests["output_tokens"].tolist() == [12, 8, 5]
