@@ -54,17 +54,20 @@ class IterationFeatures:
     @classmethod
     def of(cls, record) -> IterationFeatures:
         """From anything with these four attributes: a BatchRecord or a SchedulerOutput."""
-        return cls(*(getattr(record, f.name) for f in fields(cls)))
+        return cls(*(getattr(record, name) for name in COUNTS))
 
     def row(self) -> list[float]:
         """The values of FEATURES: two fixed costs, then the four counts."""
-        return [1.0, float(self.num_decode_seqs > 0), *(float(getattr(self, f.name)) for f in fields(self))]
+        return [1.0, float(self.num_decode_seqs > 0), *(float(getattr(self, name)) for name in COUNTS)]
+
+
+COUNTS = tuple(f.name for f in fields(IterationFeatures))  # once: row() runs for every simulated iteration
 
 
 # decode_pass: the fixed cost of an iteration that runs decodes (their attention path and sampling beside
 # the prefill's). Without it the intercept carries it, and fits on this machine's profiles put short
 # prefill-only iterations (a lone prompt's, as vllm runs them under open-loop arrivals) 2-8% too slow.
-FEATURES = ("intercept", "decode_pass", *(f.name for f in fields(IterationFeatures)))
+FEATURES = ("intercept", "decode_pass", *COUNTS)
 
 
 @dataclass

@@ -95,13 +95,14 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
 def _run(engine: ProfiledEngine, requests: list[tuple[list[int], SamplingParams]], stagger_steps: int,
          progress: Callable[[int], None] | None) -> None:
     """Run ``requests`` to the end: all at once (``stagger_steps`` 0), or one every ``stagger_steps`` steps."""
-    pending = list(reversed(requests))
+    pending = list(reversed(requests)) if stagger_steps else []
+    if not stagger_steps:
+        for request in requests:
+            engine.add_request(*request)
     steps = 0
     while pending or engine.has_unfinished():
-        while pending and (stagger_steps == 0 or steps % stagger_steps == 0):
+        if pending and steps % stagger_steps == 0:
             engine.add_request(*pending.pop())
-            if stagger_steps:
-                break
         finished = sum(out.finished for out in engine.step())
         steps += 1
         if progress is not None and finished:
