@@ -16,10 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
-from stallfree.engine import CostModel, EngineConfig, LLMEngine, SamplingParams, profile_cost_model
+from stallfree.engine import (
+    BatchRecord,
+    CostModel,
+    EngineConfig,
+    LLMEngine,
+    SamplingParams,
+    check_speed,
+    profile_cost_model,
+)
+from stallfree.engine.runner.speed_check import measure_speed
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
@@ -31,14 +41,28 @@ PROFILE_REQUESTS = 24  # per profiled policy, as stallfree-profile (conf/profile
 ARXIV_SCALED = {"kind": "trace", "name": "arxiv_summarization", "scale": 8, "shuffle": True}
 
 
-def run(engine_kwargs: dict, arrival: dict, lengths: dict, num_requests: int, max_total_tokens: int | None) -> dict:
-    engine = LLMEngine.from_kwargs(**engine_kwargs)
+def run(engine_kwargs: dict, arrival: dict, lengths: dict, num_requests: int, max_total_tokens: int | None,
+        cost_model: CostModel) -> dict:
+    """One run's metrics. On a real runner, also the speed check's factors (actual / predicted by
+    ``cost_model``, per iteration kind; the geometric mean of a check before and one after the replay) and
+    the cost model's actual / predicted over the replay's own iterations (diagnostic only)."""
+    config = EngineConfig.from_kwargs(**engine_kwargs)
+    engine = LLMEngine(config, cost_model if config.model.runner == "simulated" else None)
     engine.add_request(list(range(10, 42)), SamplingParams(max_tokens=4))  # one-off costs out of the measurement
     while engine.has_unfinished():
         engine.step()
+    real = config.model.runner == "model"
+    before = check_speed(engine, cost_model) if real else None
     specs = build_workload(arrival, lengths, num_requests, 0, engine.vocab_size, max_total_tokens)
-    summary = summarize(requests_frame(replay(engine, specs, warmup=2).records))
-    return {metric: summary[metric] for metric in METRICS}
+    result = replay(engine, specs, warmup=2)
+    summary = summarize(requests_frame(result.records))
+    metrics = {metric: summary[metric] for metric in METRICS}
+    if not real:
+        return metrics
+    after = check_speed(engine, cost_model)
+    factors = {kind: round(math.sqrt(before.factors[kind] * after.factors[kind]), 4) for kind in before.factors}
+    replayed = measure_speed([BatchRecord(**row) for row in result.batches], cost_model)
+    return {**metrics, "speed_factors": factors, "replay_actual_over_predicted": replayed.factors}
 
 
 def profile_now(base: dict, out: Path, policy: str) -> str:
@@ -59,6 +83,9 @@ def main() -> None:
     ap.add_argument("--real-repeats", type=int, default=3,
                     help="real runs per point; each metric is their median (all are kept)")
     ap.add_argument("--sim-seeds", type=int, default=5, help="simulated runs per point (residual seeds); medians")
+    ap.add_argument("--no-speed-check", action="store_true",
+                    help="simulate only with the cost model as fitted (by default also rescaled by the speed "
+                         "checks run beside the real runs)")
     ap.add_argument("--out", default="benchmarks/results/simulator_fidelity.json")
     args = ap.parse_args()
     base = {"model": args.model}
@@ -69,30 +96,43 @@ def main() -> None:
     rows, cost_models = [], {}
     for policy, chunk_size in POLICIES:
         cost_model_path = args.cost_model or profile_now(base, Path(args.out), policy)
-        cost_models[f"{policy}-{chunk_size}"] = {"path": cost_model_path,
-                                                 "fitted_on": CostModel.load(cost_model_path).fitted_on}
+        cost_model = CostModel.load(cost_model_path)
+        cost_models[f"{policy}-{chunk_size}"] = {"path": cost_model_path, "fitted_on": cost_model.fitted_on}
         for name, arrival, lengths, num_requests, max_total in workloads:
             kwargs = {**base, "scheduler": policy, "chunk_size": chunk_size}
-            real_runs = [run(kwargs, arrival, lengths, num_requests, max_total) for _ in range(args.real_repeats)]
+            real_runs = [run(kwargs, arrival, lengths, num_requests, max_total, cost_model)
+                         for _ in range(args.real_repeats)]
             real = {m: statistics.median(r[m] for r in real_runs) for m in METRICS}
-            sim_runs = [run({**kwargs, "runner": "simulated", "clock": "virtual", "cost_model": cost_model_path,
-                             "seed": seed}, arrival, lengths, num_requests, max_total) for seed in range(args.sim_seeds)]
-            simulated = {m: statistics.median(r[m] for r in sim_runs) for m in METRICS}
-            errors = {m: (simulated[m] / real[m] - 1) * 100 if real[m] else None for m in METRICS}
-            rows.append({"policy": f"{policy}-{chunk_size}", "workload": name, "real": real, "real_runs": real_runs,
-                         "simulated": simulated, "simulated_runs": sim_runs, "error_pct": errors})
-            print(f"{policy}-{chunk_size:<4} {name:<12} " + "  ".join(
-                f"{m} {real[m]:.1f} vs {simulated[m]:.1f} ({errors[m]:+.0f}%)" for m in METRICS), flush=True)
-    worst = {m: max(abs(r["error_pct"][m]) for r in rows if r["error_pct"][m] is not None) for m in METRICS}
-    poisson = [r for r in rows if r["workload"].startswith("poisson")]
-    within = sum(abs(r["error_pct"]["p99_tbt_ms"]) <= 10 for r in poisson)
+            # the speed the machine ran at around the real runs, by the checks beside them
+            factors = {kind: statistics.median(r["speed_factors"][kind] for r in real_runs)
+                       for kind in real_runs[0]["speed_factors"]}
+            checked = cost_model.rescaled(factors, {"factors": factors, "of": "median of the real runs' checks"})
+            simulated_by = {"fitted": cost_model} if args.no_speed_check else {"fitted": cost_model, "checked": checked}
+            row = {"policy": f"{policy}-{chunk_size}", "workload": name, "real": real, "real_runs": real_runs,
+                   "speed_factors": factors}
+            for label, model in simulated_by.items():
+                sim_runs = [run({**kwargs, "runner": "simulated", "clock": "virtual", "seed": seed}, arrival, lengths,
+                                num_requests, max_total, model) for seed in range(args.sim_seeds)]
+                simulated = {m: statistics.median(r[m] for r in sim_runs) for m in METRICS}
+                errors = {m: (simulated[m] / real[m] - 1) * 100 if real[m] else None for m in METRICS}
+                row[label] = {"simulated": simulated, "simulated_runs": sim_runs, "error_pct": errors}
+                print(f"{policy}-{chunk_size:<4} {name:<12} {label:<7} " + "  ".join(
+                    f"{m} {real[m]:.1f} vs {simulated[m]:.1f} ({errors[m]:+.0f}%)" for m in METRICS), flush=True)
+            rows.append(row)
     result = {"model": args.model, "cost_models": cost_models, "real_repeats": args.real_repeats,
-              "sim_seeds": args.sim_seeds, "runs": rows,
-              "worst_abs_error_pct": worst, "poisson_p99_tbt_within_10pct": f"{within} of {len(poisson)}"}
+              "sim_seeds": args.sim_seeds, "runs": rows}
+    poisson = [r for r in rows if r["workload"].startswith("poisson")]
+    for label in ("fitted", "checked"):
+        if label not in rows[0]:
+            continue
+        worst = {m: max(abs(r[label]["error_pct"][m]) for r in rows if r[label]["error_pct"][m] is not None)
+                 for m in METRICS}
+        within = sum(abs(r[label]["error_pct"]["p99_tbt_ms"]) <= 10 for r in poisson)
+        result[label] = {"worst_abs_error_pct": worst, "poisson_p99_tbt_within_10pct": f"{within} of {len(poisson)}"}
+        print(f"{label}: worst |error| %: " + ", ".join(f"{m} {v:.1f}" for m, v in worst.items())
+              + f"; Poisson P99 TBT within 10%: {within} of {len(poisson)}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print("worst |error| %: " + ", ".join(f"{m} {v:.1f}" for m, v in worst.items())
-          + f"; Poisson P99 TBT within 10%: {within} of {len(poisson)}")
 
 
 if __name__ == "__main__":

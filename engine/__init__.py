@@ -17,12 +17,12 @@ _EXPORTS = {
     "TokenLogprob": "stallfree.engine.outputs",
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
     "CostModel": "stallfree.engine.runner.cost_model", "IterationFeatures": "stallfree.engine.runner.cost_model",
-    "profile_cost_model": "stallfree.engine.runner.profile",
+    "profile_cost_model": "stallfree.engine.runner.profile", "check_speed": "stallfree.engine.runner.speed_check",
     "first_lone_surrogate": "stallfree.engine.tokenizer",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
            "RequestMetrics", "RequestStatus", "RequestOutput", "TokenLogprob", "BatchRecord", "SCHEDULERS", "resolve_model_path",
-           "CostModel", "IterationFeatures", "profile_cost_model", "first_lone_surrogate"]
+           "CostModel", "IterationFeatures", "profile_cost_model", "check_speed", "first_lone_surrogate"]
 
 if TYPE_CHECKING:
     from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams
     from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
     from stallfree.engine.runner.profile import profile_cost_model
+    from stallfree.engine.runner.speed_check import check_speed
     from stallfree.engine.scheduler import SCHEDULERS
     from stallfree.engine.tokenizer import first_lone_surrogate
 

@@ -22,9 +22,12 @@ from stallfree.engine.hydra_groups import (
 
 PROG = "stallfree-profile"
 USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.path=DIR] [num_requests=N] [seed=N]
+       {PROG} recheck=PATH output=PATH [model=...]
 
 Hydra overrides of conf/profile.yaml (the model group is the one stallfree-bench uses). Profiles on the
-model's device (model.device), writes the cost model with what it was fitted on and its held-out error."""
+model's device (model.device), writes the cost model with what it was fitted on and its held-out error.
+With recheck=PATH it profiles nothing: a speed check of a few seconds (engine/runner/speed_check.py)
+rescales the cost model at PATH to how fast the model's real runner runs now, and writes it to output."""
 
 
 @dataclass
@@ -34,6 +37,7 @@ class ProfileConfig:
     model: ModelGroup
     scheduler: SchedulerGroup
     output: str  # where the cost model JSON goes
+    recheck: str | None = None  # a cost model JSON to rescale to this machine's speed now, instead of profiling
     num_requests: int = 24  # requests per profiled policy
     seed: int = 0
 
@@ -51,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = typed(ProfileConfig, compose("profile", args, job_name=PROG))
         config = engine_config(cfg.model, cfg.scheduler, None)
+        if cfg.recheck:
+            return _recheck(cfg, config)
         with tqdm(total=3 * cfg.num_requests, desc="profiling", unit="req") as bar:
             model = profile_cost_model(config, LLMEngine, num_requests=cfg.num_requests, seed=cfg.seed,
                                        use_cache=False, progress=bar.update)
@@ -61,6 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     error = model.holdout_error
     print(f"{PROG}: wrote {cfg.output} (fitted on {model.fitted_on['num_records']} iterations; held-out "
           f"error median {error['median_abs_pct']}%, p90 {error['p90_abs_pct']}%)")
+    return 0
+
+
+def _recheck(cfg: ProfileConfig, config) -> int:
+    from dataclasses import replace
+
+    from stallfree.engine import CostModel, LLMEngine, check_speed
+
+    try:
+        model = CostModel.load(cfg.recheck)
+    except ValueError as exc:
+        raise ValueError(f"recheck: {exc}") from exc
+    engine = LLMEngine(replace(config, model=replace(config.model, runner="model")))
+    check = check_speed(engine, model, seed=cfg.seed)
+    model.rescaled(check.factors, check.describe()).save(cfg.output)
+    print(f"{PROG}: wrote {cfg.output}: {cfg.recheck} rescaled by its speed check, actual / predicted "
+          + ", ".join(f"{kind} {factor:.3f} ({check.num_iterations[kind]} iterations)"
+                      for kind, factor in check.factors.items()))
     return 0
 
 

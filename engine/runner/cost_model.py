@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import random
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -81,6 +81,9 @@ class CostModel:
     residual_bounds_s: dict[str, list[float]] | list[float] = field(default_factory=list)
     fitted_on: dict = field(default_factory=dict)  # model, device, dtype, backend, threads, records, date, ...
     holdout_error: dict = field(default_factory=dict)  # relative error on iterations left out of the fit
+    # per kind (RESIDUAL_KINDS), how much slower than fitted the runner ran at its last speed check
+    # (engine/runner/speed_check.py); predictions are scaled by it, 1.0 where absent
+    speed_factors: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         if isinstance(self.residual_quantiles, list):
@@ -92,15 +95,23 @@ class CostModel:
 
     def predict(self, features: IterationFeatures) -> float:
         """The expected time of one iteration, in seconds."""
-        return max(0.0, sum(c * x for c, x in zip(self._coefficient_row(), features.row(), strict=True)))
+        fitted = sum(c * x for c, x in zip(self._coefficient_row(), features.row(), strict=True))
+        return max(0.0, fitted * self.speed_factors.get(iteration_kind(features), 1.0))
 
     def sample(self, features: IterationFeatures, rng: random.Random) -> float:
         """One iteration's time: the expected time scaled by a residual drawn from the profiled iterations
         of the same kind and about the same expected time."""
         predicted = self.predict(features)
-        kind = _kind(features)
-        bucket = bisect.bisect_right(self.residual_bounds_s[kind], predicted)
+        kind = iteration_kind(features)
+        # the buckets are in fitted seconds
+        bucket = bisect.bisect_right(self.residual_bounds_s[kind], predicted / self.speed_factors.get(kind, 1.0))
         return predicted * rng.choice(self.residual_quantiles[kind][bucket])
+
+    def rescaled(self, factors: dict[str, float], checked: dict) -> CostModel:
+        """This model with its predictions of each kind scaled by ``factors`` (actual / predicted, as a speed
+        check measures them), on top of any earlier scaling; ``checked`` describes the check."""
+        speed = {kind: round(self.speed_factors.get(kind, 1.0) * factors.get(kind, 1.0), 4) for kind in RESIDUAL_KINDS}
+        return replace(self, speed_factors=speed, fitted_on={**self.fitted_on, "speed_check": checked})
 
     def _coefficient_row(self) -> list[float]:
         return [self.coefficients.get(name, 0.0) for name in FEATURES]
@@ -117,7 +128,7 @@ class CostModel:
         held_out_errors = _relative_errors(_least_squares(train), holdout)
         kept = _undisturbed(_least_squares(records), records)
         coefficients = _least_squares(kept)
-        predicted = [(_kind(r), p, _seconds(r) / p) for r in kept if (p := _predict(coefficients, r)) > 0]
+        predicted = [(iteration_kind(r), p, _seconds(r) / p) for r in kept if (p := _predict(coefficients, r)) > 0]
         buckets = {kind: _residual_buckets(sorted((p, ratio) for k, p, ratio in predicted if k == kind)
                                            or sorted((p, ratio) for _, p, ratio in predicted))
                    for kind in RESIDUAL_KINDS}  # a kind the profile lacks takes the spread of all iterations
@@ -153,7 +164,7 @@ class CostModel:
         return model
 
 
-def _kind(features) -> str:
+def iteration_kind(features) -> str:
     """The residual kind of an iteration (IterationFeatures or BatchRecord): with prefill tokens or not."""
     return "prefill" if features.num_prefill_tokens else "decode"
 
@@ -191,7 +202,7 @@ def _undisturbed(coefficients: dict[str, float], records: list[BatchRecord]) -> 
     kept = []
     for kind in RESIDUAL_KINDS:
         group = [(r, _seconds(r) / p if (p := _predict(coefficients, r)) > 0 else 1.0)
-                 for r in records if _kind(r) == kind]
+                 for r in records if iteration_kind(r) == kind]
         if len(group) < 4:
             kept += [r for r, _ in group]
             continue

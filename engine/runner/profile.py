@@ -76,15 +76,10 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     for policy, chunk_size in PROFILE_POLICIES:
         scheduler = replace(config.scheduler, policy=policy, chunk_size=chunk_size or config.scheduler.chunk_size)
         engine = make_engine(replace(config, model=replace(mc, runner="model"), scheduler=scheduler))
-        limit = min(1024, engine.max_model_len // 2)
-        # Greedy, as the load generator's requests are: random sampling costs ~0.6 ms a sequence on
-        # a CPU (softmax and noise over the vocabulary), which inflated the fitted decode cost 2x.
-        requests = [([rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))],
-                     SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0, ignore_eos=True))
-                    for _ in range(num_requests)]
+        requests = random_requests(rng, num_requests, engine, max_prompt=1024, max_output=64)
         half = num_requests // 2
         for stagger_steps, part in ((0, requests[:half]), (STAGGER_STEPS, requests[half:])):
-            _run(engine, part, stagger_steps, progress)
+            feed_requests(engine, part, stagger_steps, progress)
         records += engine.batch_records[WARMUP_ITERATIONS:]
     model = CostModel.fit(records, seed=seed, fitted_on=_describe(config, engine))
     if use_cache:
@@ -92,8 +87,20 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     return model
 
 
-def _run(engine: ProfiledEngine, requests: list[tuple[list[int], SamplingParams]], stagger_steps: int,
-         progress: Callable[[int], None] | None) -> None:
+def random_requests(rng: random.Random, count: int, engine: ProfiledEngine, *, max_prompt: int,
+                    max_output: int) -> list[tuple[list[int], SamplingParams]]:
+    """``count`` requests of random tokens, 16 to ``max_prompt`` (at most half the context) long, with 8 to
+    ``max_output`` output tokens."""
+    limit = min(max_prompt, engine.max_model_len // 2)
+    # Greedy, as the load generator's requests are: random sampling costs ~0.6 ms a sequence on
+    # a CPU (softmax and noise over the vocabulary), which inflated the fitted decode cost 2x.
+    return [([rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))],
+             SamplingParams(max_tokens=rng.randint(8, max_output), temperature=0.0, ignore_eos=True))
+            for _ in range(count)]
+
+
+def feed_requests(engine: ProfiledEngine, requests: list[tuple[list[int], SamplingParams]], stagger_steps: int,
+                  progress: Callable[[int], None] | None = None) -> None:
     """Run ``requests`` to the end: all at once (``stagger_steps`` 0), or one every ``stagger_steps`` steps."""
     pending = list(reversed(requests)) if stagger_steps else []
     if not stagger_steps:
