@@ -11,13 +11,29 @@
 // fp32 online softmax (FlashAttention-2); the causal mask is aligned bottom-right: query i of a sequence
 // with `context` cached tokens sees keys 0 .. context + i. Built by engine/native/cpu_kernels.py with
 // -fopenmp; the OpenMP runtime is the one torch already loaded (same soname), so threads are shared.
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "attention_tiles.h"
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+// Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+// STALLFREE_NO_AMX=1 keeps the AVX512-BF16 path (A/B measurements).
+bool attention_tiles::amx_permitted() {
+  static const bool permitted = [] {
+    const char* off = std::getenv("STALLFREE_NO_AMX");
+    return !(off && *off && *off != '0') && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return permitted;
+}
+#endif
 
 namespace {
 
@@ -53,7 +69,9 @@ template <typename T>
 struct Scratch {  // per thread, reused across its tasks
   std::vector<float> q, o, s, max, sum;
   std::vector<uint16_t> q_pairs, p_pairs;  // the paired bf16 path's q rows and probabilities
+  std::vector<uint16_t> v_tail;  // the AMX path's last V group of a chunk, keys past its end zeroed
   std::vector<const T*> blocks;  // the current chunk's V blocks, their column panels, its K blocks
+  std::vector<const T*> groups;  // the AMX path's 16-key groups of the chunk: K, then V
 };
 
 inline void store_probs(float* p, const vf& x) { store(p, x); }
@@ -151,22 +169,64 @@ inline void pv_chunk_paired(const uint16_t* p, int64_t rows, int64_t lds, int64_
 }
 #endif
 
+inline bool amx_ready() {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+// One chunk of keys [start, start + len) of a task on AMX: Q.K^T, the online-softmax step, P.V.
+template <typename T>
+void attend_chunk_amx(Scratch<T>& scratch, int64_t rows, int64_t padded_rows, int64_t group, int64_t first_pos,
+                      int64_t start, int64_t len, const uint16_t* const* k_blocks, const uint16_t* const* v_blocks,
+                      int64_t bs, int64_t D, int64_t lds, float q_scale) {
+  const int64_t per_block = bs / 16, num_groups = (len + 15) / 16;
+  const uint16_t** k_groups = scratch.groups.data();
+  const uint16_t** v_groups = k_groups + scratch.groups.size() / 2;
+  for (int64_t i = 0; i < num_groups; ++i) {
+    k_groups[i] = k_blocks[i / per_block] + i % per_block * 32;  // 16 keys' pairs within each pair row
+    v_groups[i] = v_blocks[i / per_block] + i % per_block * 16 * D;  // 8 pair rows of 2 x D
+  }
+  if (len % 16) {  // slots past the sequence hold stale values: zero them, as P.V multiplies them by 0
+    uint16_t* tail = scratch.v_tail.data();
+    std::memcpy(tail, v_groups[num_groups - 1], 16 * D * sizeof(uint16_t));
+    for (int64_t key = len % 16; key < 16; ++key)
+      for (int64_t d = 0; d < D; ++d) tail[(key / 2 * D + d) * 2 + key % 2] = 0;
+    v_groups[num_groups - 1] = tail;
+  }
+  float* s = scratch.s.data();
+  qk_chunk_amx(scratch.q_pairs.data(), padded_rows, D, k_groups, num_groups, 2 * bs, s, lds);
+  const vf scale = splat(q_scale);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < num_groups * 16; j += W) store(s + r * lds + j, load<W>(s + r * lds + j) * scale);
+  uint16_t* p = scratch.p_pairs.data();
+  softmax_step(s, lds, rows, group, first_pos, start, len, p, scratch.o.data(), D, scratch.max.data(),
+               scratch.sum.data());
+  pv_chunk_amx(p, padded_rows, lds, v_groups, num_groups, D, scratch.o.data());
+}
+#endif
+
 template <typename T, int N>
 void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   const int64_t D = batch.head_dim, bs = batch.block_size, group = batch.num_heads / batch.num_kv_heads;
   const int64_t rows = task.num_queries * group, num_keys = task.first_pos + task.num_queries;
   const int64_t blocks_per_chunk = std::max<int64_t>(1, KEY_CHUNK / bs), chunk = blocks_per_chunk * bs;
   const int64_t lds = (chunk + W - 1) / W * W;
+  const bool paired = paired_layout<T>(bs);
+  const bool amx = paired && AMX_BF16 && rows >= 16 && D % 32 == 0 && amx_ready();
+  const int64_t padded_rows = amx ? (rows + 15) / 16 * 16 : rows;  // AMX tiles take 16 rows
   scratch.q.resize(rows * D);
-  scratch.o.assign(rows * D, 0.0f);
-  scratch.s.resize(rows * lds);
+  scratch.o.assign(padded_rows * D, 0.0f);
+  scratch.s.resize(padded_rows * lds);
   scratch.max.assign(rows, -1e30f);
   scratch.sum.assign(rows, 0.0f);
   float *q = scratch.q.data(), *o = scratch.o.data(), *s = scratch.s.data();
 
   const float q_scale = batch.scale * 1.4426950408889634f;  // scores in log2 units: the softmax uses 2^x
-  const bool paired = paired_layout<T>(bs);
-  if (paired) scratch.q_pairs.resize(rows * D);
+  if (paired) scratch.q_pairs.assign(padded_rows * D, 0);
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = batch.q + (task.first_query + r / group) * batch.q_stride_t
                    + (task.kv_head * group + r % group) * batch.q_stride_h;
@@ -177,9 +237,18 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
     }
   }
   if (paired) {
-    scratch.p_pairs.resize(rows * lds);
+    scratch.p_pairs.resize(padded_rows * lds);
+    std::fill(scratch.p_pairs.begin() + rows * lds, scratch.p_pairs.end(), 0);
     scratch.blocks.resize(4 * blocks_per_chunk * (bs / 16 + 1));
   }
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  if (amx) {
+    scratch.groups.resize(2 * chunk / 16);
+    scratch.v_tail.resize(16 * D);
+    const TileConfig config;
+    _tile_loadconfig(&config);  // per task: oneDNN's kernels configure the same threads' tiles their own way
+  }
+#endif
   const int64_t head_offset = task.kv_head * batch.num_blocks * bs * D;
   const int64_t* table = batch.block_tables + task.seq * batch.table_stride;
   if (!paired) scratch.blocks.resize(3 * blocks_per_chunk);
@@ -216,6 +285,15 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
         });
       }
     }
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (amx) {
+        attend_chunk_amx(scratch, rows, padded_rows, group, task.first_pos, start, len, k_blocks, v_blocks, bs, D,
+                         lds, q_scale);
+        continue;
+      }
+    }
+#endif
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, uint16_t>) {
       if (paired) {
@@ -253,6 +331,9 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
       }
     }
   }
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  if (amx) _tile_release();
+#endif
   for (int64_t r = 0; r < rows; ++r) {
     T* dst = batch.out + ((task.first_query + r / group) * batch.num_heads + task.kv_head * group + r % group) * D;
     const float inv = 1.0f / scratch.sum[r];
