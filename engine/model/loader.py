@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
-from stallfree.engine.model.packed_linear import can_pack, pack_linears
+from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears, tune_pieces
 from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
@@ -91,6 +91,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
     model = model.to(device=device, dtype=dtype).eval()
     if can_pack(device, dtype):
         pack_linears(model)
+        tune_pieces([m for m in model.layers.modules() if isinstance(m, PackedLinear)], dtype)
     if can_use_native_ops(device, dtype):
         use_native_ops(model)
     if can_use_triton_ops(device):

@@ -35,7 +35,8 @@ RESIDUAL_KINDS = ("decode", "prefill")  # iterations without / with prefill toke
 # Bump when the real runner's speed changes (kernels, linears): profiles of an older engine are refitted
 # when cached, and named in a warning when loaded from a file. 2: fp32 CPU linears on oneDNN.
 # 3: fused native layer ops on the CPU. 4: packed bf16 CPU linears; paired-bf16 and wide decode attention.
-ENGINE_REVISION = 4
+# 5: prefill attention on AMX; packed linears in pieces where oneDNN's whole-input kernel is slow.
+ENGINE_REVISION = 5
 NUM_RESIDUAL_QUANTILES = 41
 NUM_RESIDUAL_BUCKETS = 3  # of predicted time, equal in profiled iterations
 MIN_BUCKET_RECORDS = 30

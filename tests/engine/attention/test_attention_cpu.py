@@ -1,6 +1,10 @@
 """The native CPU paged-attention kernel (decodes and prefill chunks with context) against a float64
 reference, and backend selection."""
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,6 +135,25 @@ def test_stale_slots_past_a_sequence_change_nothing(dtype, block_size):
                                   batch.k_cache.data_ptr(), batch.v_cache.data_ptr(), slots.data_ptr(), len(slots),
                                   2, 32, batch.k_cache.shape[1], block_size, 1)
         torch.testing.assert_close(batch.step(), before)
+
+
+def cpu_has_amx() -> bool:
+    try:
+        return " amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@needs_compiler
+@pytest.mark.skipif(not cpu_has_amx(), reason="no AMX: the bf16 tests above already run the AVX512 path")
+def test_the_avx512_path_still_matches_where_amx_would_run():
+    """With AMX, prefill tasks run on it; STALLFREE_NO_AMX=1 (read once per process) keeps the AVX512-BF16
+    path, checked in a fresh process on the shapes that take AMX otherwise."""
+    code = ("import torch; from tests.engine.attention.test_attention_cpu import test_kernel_matches_reference as t; "
+            "[t(12, 4, 64, bs, torch.bfloat16, 2e-2) for bs in (16, 32)]; t(6, 2, 32, 16, torch.bfloat16, 2e-2)")
+    run = subprocess.run([sys.executable, "-c", code], env=os.environ | {"STALLFREE_NO_AMX": "1"},
+                         cwd=Path(__file__).parents[3], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
 
 
 @needs_compiler

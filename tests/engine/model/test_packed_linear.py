@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from stallfree.engine.device import cpu_has_fast_bf16
-from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears
+from stallfree.engine.model.packed_linear import PIECE_ROWS, PackedLinear, can_pack, pack_linears, tune_pieces
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.float32), reason="no oneDNN in this torch")
 
@@ -42,6 +42,26 @@ def test_packed_bf16_linear_matches_linear(rows):
     packed = PackedLinear(linear)(x)
     assert packed.dtype == torch.bfloat16
     torch.testing.assert_close(packed, linear(x))  # bf16 tolerances: one rounding of the fp32 accumulator
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_run_in_pieces_computes_the_same(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 80, bias=bias)
+    packed = PackedLinear(linear)
+    packed.piece_rows = 64
+    for rows in (1, 64, 65, 200):
+        x = torch.randn(rows, 96)
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_tune_pieces_decides_once_per_shape():
+    layers = [PackedLinear(nn.Linear(96, 80)) for _ in range(3)] + [PackedLinear(nn.Linear(80, 96))]
+    choices = tune_pieces(layers, torch.float32)
+    assert set(choices) == {(96, 80), (80, 96)}
+    for layer in layers:
+        split = choices[(layer.in_features, layer.out_features)]
+        assert layer.piece_rows == (PIECE_ROWS if split else None)
 
 
 def test_what_is_packed():
