@@ -9,7 +9,7 @@ def test_recheck_writes_the_model_rescaled_by_a_speed_check(tmp_path, capsys):
     assert main(["model=tiny", f"recheck={tmp_path / 'fitted.json'}", f"output={tmp_path / 'now.json'}"]) == 0
     now = CostModel.load(tmp_path / "now.json")
     assert now.coefficients == FIXED.coefficients
-    assert set(now.speed_factors) == {"decode", "prefill"} and all(f > 0 for f in now.speed_factors.values())
+    assert set(now.speed_factors) == {"decode", "prefill", "hybrid"} and all(f > 0 for f in now.speed_factors.values())
     assert now.fitted_on["speed_check"]["factors"] == now.speed_factors
     assert "rescaled by its speed check" in capsys.readouterr().out
 

@@ -1,5 +1,6 @@
 """SimulatedRunner: the real schedulers and KV accounting with iteration times from a fitted cost model."""
 import random
+import statistics
 import time
 
 import pytest
@@ -70,7 +71,7 @@ def test_residual_spread_follows_the_iteration_length():
     median = sorted(t for _, t in base)[len(base) // 2]
     records = [record(*s, t * (1 + (0.3 if i % 2 else -0.3) * (t < median))) for i, (s, t) in enumerate(base)]
     fitted = CostModel.fit(records)
-    assert len(fitted.residual_quantiles["prefill"]) == 3 and len(fitted.residual_bounds_s["prefill"]) == 2
+    assert len(fitted.residual_quantiles["hybrid"]) == 3 and len(fitted.residual_bounds_s["hybrid"]) == 2
 
     def spread(features: IterationFeatures) -> float:
         draws = [fitted.sample(features, random.Random(i)) for i in range(500)]
@@ -95,6 +96,29 @@ def test_prefill_iterations_do_not_take_the_spread_of_decode_steps():
 
     assert spread(IterationFeatures(750, 2, 750 * 750, 1000)) < 0.1
     assert spread(IterationFeatures(0, 50, 0, 50 * 500)) > 0.4
+
+
+def test_prefill_only_iterations_keep_their_own_residuals_apart_from_hybrids():
+    """Prefill-only iterations (vllm's) 15% slower than hybrids of the same work (sarathi's): the one linear
+    fit sits between them, and each kind's residuals carry it back to its own time."""
+    hybrids = [(p, d, p * p, d * 300) for p in range(64, 512, 16) for d in (4, 16, 32)]
+    prefill_only = [(p, 0, p * p, 0) for p in range(64, 512, 8)]
+    records = [record(*s, predicted(FIXED, record(*s, 0))) for s in hybrids]
+    records += [record(*s, predicted(FIXED, record(*s, 0)) * 1.15) for s in prefill_only]
+    fitted = CostModel.fit(records)
+
+    def mean_ratio(shape) -> float:
+        features = IterationFeatures(*shape)
+        return statistics.mean(fitted.sample(features, random.Random(i)) for i in range(400)) / FIXED.predict(features)
+
+    assert mean_ratio((256, 0, 256 * 256, 0)) == pytest.approx(1.15, rel=0.03)
+    assert mean_ratio((256, 16, 256 * 256, 16 * 300)) == pytest.approx(1.0, rel=0.03)
+
+
+def test_a_version_6_model_gives_hybrids_the_prefill_kind():
+    model = CostModel(coefficients={"intercept": 0.01}, residual_quantiles={"decode": [[1.0]], "prefill": [[2.0]]},
+                      residual_bounds_s={"decode": [], "prefill": []}, speed_factors={"prefill": 1.5})
+    assert model.sample(IterationFeatures(8, 1, 64, 10), random.Random(0)) == pytest.approx(0.03)
 
 
 def test_rare_disturbed_iterations_are_left_out_of_the_fit_and_the_spread():
