@@ -90,13 +90,13 @@ def tune_pieces(linears: list[PackedLinear], dtype: torch.dtype) -> dict[tuple[i
     choices = {}
     with torch.inference_mode():
         for (in_features, _), group in by_shape.items():
-            x = torch.randn(TUNE_ROWS, in_features, dtype=dtype)
-            whole = _best_seconds(lambda layer=group[0]: layer._whole(x))
-            pieces = _best_seconds(lambda layer=group[0]: layer._in_pieces(x, PIECE_ROWS))
+            layer, x = group[0], torch.randn(TUNE_ROWS, in_features, dtype=dtype)
+            whole = _best_seconds(lambda layer=layer, x=x: layer._whole(x))
+            pieces = _best_seconds(lambda layer=layer, x=x: layer._in_pieces(x, PIECE_ROWS))
             split = whole > SPLIT_GAIN * pieces
             for linear in group:
                 linear.piece_rows = PIECE_ROWS if split else None
-            choices[(in_features, group[0].out_features)] = split
+            choices[(in_features, layer.out_features)] = split
     if any(choices.values()):
         log.info("packed linears of (in, out) features %s run inputs of over %d rows in pieces",
                  [shape for shape, split in choices.items() if split], PIECE_ROWS)
