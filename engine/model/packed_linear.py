@@ -36,6 +36,7 @@ PRIMITIVE_CACHE_CAPACITY = "16"
 PIECE_ROWS = 384
 TUNE_ROWS = 512
 SPLIT_GAIN = 1.1
+_SPLIT_CHOICES: dict[tuple, bool] = {}  # (in, out, dtype, threads) -> split, as timed in this process
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -89,14 +90,16 @@ def tune_pieces(linears: list[PackedLinear], dtype: torch.dtype) -> dict[tuple[i
         by_shape.setdefault((linear.in_features, linear.out_features), []).append(linear)
     choices = {}
     with torch.inference_mode():
-        for (in_features, _), group in by_shape.items():
-            layer, x = group[0], torch.randn(TUNE_ROWS, in_features, dtype=dtype)
-            whole = _best_seconds(lambda layer=layer, x=x: layer._whole(x))
-            pieces = _best_seconds(lambda layer=layer, x=x: layer._in_pieces(x, PIECE_ROWS))
-            split = whole > SPLIT_GAIN * pieces
+        for shape, group in by_shape.items():
+            key = (*shape, dtype, torch.get_num_threads())
+            if key not in _SPLIT_CHOICES:  # engines built one after another in a process time each shape once
+                layer, x = group[0], torch.randn(TUNE_ROWS, shape[0], dtype=dtype)
+                whole = _best_seconds(lambda layer=layer, x=x: layer._whole(x))
+                pieces = _best_seconds(lambda layer=layer, x=x: layer._in_pieces(x, PIECE_ROWS))
+                _SPLIT_CHOICES[key] = whole > SPLIT_GAIN * pieces
             for linear in group:
-                linear.piece_rows = PIECE_ROWS if split else None
-            choices[(in_features, layer.out_features)] = split
+                linear.piece_rows = PIECE_ROWS if _SPLIT_CHOICES[key] else None
+            choices[shape] = _SPLIT_CHOICES[key]
     if any(choices.values()):
         log.info("packed linears of (in, out) features %s run inputs of over %d rows in pieces",
                  [shape for shape, split in choices.items() if split], PIECE_ROWS)

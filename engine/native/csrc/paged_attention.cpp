@@ -226,7 +226,10 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   float *q = scratch.q.data(), *o = scratch.o.data(), *s = scratch.s.data();
 
   const float q_scale = batch.scale * 1.4426950408889634f;  // scores in log2 units: the softmax uses 2^x
-  if (paired) scratch.q_pairs.assign(padded_rows * D, 0);
+  if (paired) {
+    scratch.q_pairs.resize(padded_rows * D);
+    std::fill(scratch.q_pairs.begin() + rows * D, scratch.q_pairs.end(), 0);  // the padding rows
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = batch.q + (task.first_query + r / group) * batch.q_stride_t
                    + (task.kv_head * group + r % group) * batch.q_stride_h;
