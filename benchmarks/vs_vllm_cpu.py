@@ -6,7 +6,8 @@ dtype (``--dtype auto``: bf16 where the CPU has native bf16 matmuls, else fp32) 
 budget of 512 tokens per iteration and the same KV cache budget (``--kv-gib``, vLLM's
 VLLM_CPU_KVCACHE_SPACE). vLLM's engine is bound to all cores (by default it reserves one for its front
 end), as stallfree's uses them all. Both servers stay up and take ``--rounds`` turns (stallfree, vLLM,
-stallfree, ...); the result has each round, the medians, and the CPU the idle server used meanwhile. ``--peer`` is a script that installs and serves
+stallfree, ...), each once the other has gone quiet; the result has each round, the medians, and the CPU the
+idle server used meanwhile. ``--peer`` is a script that installs and serves
 vLLM's CPU build (``PEER setup``, then ``PEER serve MODEL_DIR PORT [vLLM args]``); run its setup first.
 
     python -m benchmarks.vs_vllm_cpu --peer PATH/TO/vllm_cpu.sh [--model small|smollm2] [--dtype auto]
@@ -76,11 +77,27 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def wait_until_quiet(pid: int, window_s: float = 0.5, max_share: float = 0.05, timeout_s: float = 30.0) -> float:
+    """Wait until process ``pid``'s tree uses under ``max_share`` of a core over ``window_s``; returns the wait.
+
+    A server that has just finished its burst can keep working for a while (vLLM's idle engine used about a
+    CPU second of the next round without this), and that second would be charged to the other server."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(window_s)
+        if cpu_seconds(pid) - before < max_share * window_s:
+            break
+    return time.monotonic() - start
+
+
 def run_round(name: str, url: str, model: str, prompts, max_tokens: int, idle: subprocess.Popen) -> dict:
-    """One burst against ``url``, with the CPU the other (idle) server used meanwhile."""
+    """One burst against ``url`` once the other (idle) server is quiet, with the CPU it used meanwhile."""
+    settle_s = wait_until_quiet(idle.pid)
     idle_before = cpu_seconds(idle.pid)
     tok_s, rows = measure_burst(url, model, prompts, max_tokens)
-    return {"server": name, "tok_s": tok_s, **latency(rows), "idle_peer_cpu_s": cpu_seconds(idle.pid) - idle_before}
+    return {"server": name, "tok_s": tok_s, **latency(rows), "idle_peer_cpu_s": cpu_seconds(idle.pid) - idle_before,
+            "idle_peer_settle_s": settle_s}
 
 
 def main() -> None:

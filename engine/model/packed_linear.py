@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -74,12 +75,12 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def pack_linears(model: nn.Module) -> None:
-    """Replace every ``nn.Linear`` in ``model`` with a PackedLinear, in place."""
+def pack_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module] = PackedLinear) -> None:
+    """Replace every ``nn.Linear`` in ``model`` with ``make(linear)`` (a PackedLinear), in place."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child))
+                setattr(module, name, make(child))
 
 
 def tune_pieces(linears: list[PackedLinear], dtype: torch.dtype) -> dict[tuple[int, int], bool]:

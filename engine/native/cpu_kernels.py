@@ -39,6 +39,10 @@ ARGTYPES = {  # keep in sync with DEFINE_KERNELS in csrc/paged_attention.cpp
     "rotary": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, ctypes.c_int],
     "silu_and_mul": [_P, _P, _I, _I, ctypes.c_int],
 }
+BF16_ARGTYPES = {  # csrc/linear_amx.cpp: bf16 only
+    "linear_amx_pack": [_P, _I, _I, _P],
+    "linear_amx_bf16": [_P, _I, _I, _P, _I, _P, _P, ctypes.c_int],
+}
 
 
 def _cpu_signature() -> str:
@@ -84,4 +88,6 @@ def load_cpu_kernels() -> ctypes.CDLL | None:
         for suffix in KERNEL_SUFFIXES.values():
             getattr(lib, f"{name}_{suffix}").argtypes = argtypes
             getattr(lib, f"{name}_{suffix}").restype = ctypes.c_int
+    for name, argtypes in BF16_ARGTYPES.items():
+        getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, ctypes.c_int
     return lib

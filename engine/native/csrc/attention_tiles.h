@@ -66,6 +66,25 @@ inline void store_scalar(uint16_t* dst, float x) {  // round to nearest even
   *dst = static_cast<uint16_t>(bits >> 16);
 }
 
+#if defined(__AVX512F__)
+// 16 bf16 rounded from fp32 to nearest even, as store_scalar does: as fp32 (low half zero), or packed.
+inline __m512i round_bf16_bits(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+}
+inline __m512 rounded_bf16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(round_bf16_bits(x), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline __m512 load_bf16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store_bf16(uint16_t* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_bits(x), 16)));
+}
+#endif
+
 // 2^f for |f| <= 0.5 by its Taylor polynomial: relative error below 2e-7 at degree 6 (fp32), 6e-5 at
 // degree 4 (enough where the result is rounded to bf16).
 constexpr float EXP2_TAYLOR[] = {1.0f, 6.9314718055994531e-01f, 2.4022650695910071e-01f, 5.5504108664821580e-02f,
@@ -351,6 +370,17 @@ inline void pv_chunk_amx(const uint16_t* p, int64_t rows, int64_t lds, const uin
 }
 #else
 constexpr bool AMX_BF16 = false;
+#endif
+
+#if defined(__AVX512F__)
+// silu(g) = g / (1 + e^-g) for 16 lanes, e^-g as 2^(-g log2 e) by exp2_fraction. e^-g is capped at 2^126:
+// -ffast-math lets the compiler turn the division into a reciprocal estimate, which an inf makes NaN.
+inline __m512 silu(__m512 g) {
+  const __m512 x = _mm512_min_ps(_mm512_mul_ps(g, _mm512_set1_ps(-1.4426950408889634f)), _mm512_set1_ps(126.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 e = _mm512_scalef_ps((__m512)exp2_fraction<6>((vf)_mm512_sub_ps(x, n)), n);
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
 #endif
 
 }  // namespace attention_tiles

@@ -6,6 +6,7 @@
 // results match HF transformers' order of operations; only the fp32 sum of squares is reassociated.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_tiles.h"
 
@@ -73,6 +74,13 @@ void rotary(T* q, int64_t q_stride, int64_t num_q_heads, T* k, int64_t k_stride,
   }
 }
 
+#if defined(__AVX512F__)
+using attention_tiles::load_bf16;
+using attention_tiles::rounded_bf16;
+using attention_tiles::silu;
+using attention_tiles::store_bf16;
+#endif
+
 // out[r] = silu(gate_up[r, :dim]) * gate_up[r, dim:]
 template <typename T>
 void silu_and_mul(const T* gate_up, T* out, int64_t rows, int64_t dim, int num_threads) {
@@ -81,9 +89,17 @@ void silu_and_mul(const T* gate_up, T* out, int64_t rows, int64_t dim, int num_t
     const T* gate = gate_up + r * 2 * dim;
     const T* up = gate + dim;
     T* o = out + r * dim;
-    for (int64_t i = 0; i < dim; ++i) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, uint16_t>) {  // 1.7x the rate of the loop below (libmvec's expf)
+      for (; i + 16 <= dim; i += 16)
+        store_bf16(o + i, _mm512_mul_ps(rounded_bf16(silu(load_bf16(gate + i))), load_bf16(up + i)));
+    }
+#endif
+    for (; i < dim; ++i) {
       const float g = to_float(gate[i]);
-      store_scalar(o + i, rounded<T>(g / (1.0f + std::exp(-g))) * to_float(up[i]));
+      // e^-g capped below inf: under -ffast-math the division may be a reciprocal estimate (inf: NaN)
+      store_scalar(o + i, rounded<T>(g / (1.0f + std::exp(std::min(-g, 87.0f)))) * to_float(up[i]));
     }
   }
 }

@@ -265,8 +265,9 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   for (int64_t start = 0; start < num_keys; start += chunk) {
     const int64_t len = std::min(chunk, num_keys - start), num_blocks = (len + bs - 1) / bs;
     // The next chunk's K and V blocks lie anywhere in the cache: a hardware prefetcher cannot guess the
-    // jump, so a decode step (two 2 KB reads per 16 keys) would wait on DRAM at every block.
-    for (int64_t key = start + chunk; key < std::min(start + 2 * chunk, num_keys); key += bs) {
+    // jump, so a decode step (two 2 KB reads per 16 keys) would wait on DRAM at every block. The first
+    // chunk is fetched with the second: its demand loads alone would come one block at a time.
+    for (int64_t key = start == 0 ? 0 : start + chunk; key < std::min(start + 2 * chunk, num_keys); key += bs) {
       const int64_t offset = head_offset + table[key / bs] * bs * D;
       const char* k = reinterpret_cast<const char*>(batch.k_cache + offset);
       const char* v = reinterpret_cast<const char*>(batch.v_cache + offset);

@@ -1,0 +1,59 @@
+"""bf16 linears on AMX tiles through the native kernel (engine/native/csrc/linear_amx.cpp), with the weight
+packed once at load in the order the kernel streams it.
+
+Why: a decode step's linears are a pass over the weights. On a 2-core Xeon with AMX, oneDNN's packed
+kernel read `small`'s 151 MB of decode-step weights at 17 GB/s (8.7 ms at 32 rows) where the cores read
+31 GB/s; this kernel read them at 26 GB/s (5.8 ms), and ran a 512-row chunk's linears 1.4x faster too
+(docs/performance.md). Where the CPU has no AMX, or a shape does not tile, PackedLinear (oneDNN) stays.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from stallfree.engine.native.cpu_kernels import load_cpu_kernels
+
+TILE_OUT, TILE_IN = 32, 32  # the kernel's panel of output features and its depth of input features
+
+
+def can_use_amx_linear(device: torch.device, dtype: torch.dtype, linear: nn.Linear) -> bool:
+    """The kernel runs here (AMX, bf16, Linux grants the tile state) and ``linear``'s shape tiles."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or not amx_available():
+        return False
+    return linear.in_features % TILE_IN == 0 and linear.out_features % TILE_OUT == 0
+
+
+@functools.cache
+def amx_available() -> bool:
+    lib = load_cpu_kernels()
+    if lib is None:
+        return False
+    probe = torch.zeros(1, TILE_IN, dtype=torch.bfloat16)  # one row through a zero weight: 0 when AMX runs
+    packed, out = torch.zeros(TILE_OUT * TILE_IN, dtype=torch.bfloat16), torch.empty(1, TILE_OUT, dtype=torch.bfloat16)
+    return lib.linear_amx_bf16(probe.data_ptr(), 1, TILE_IN, packed.data_ptr(), TILE_OUT, None, out.data_ptr(), 1) == 0
+
+
+class AmxLinear(nn.Module):
+    """``nn.Linear`` inference in bf16 on AMX, the weight held in the kernel's tile order (no ``weight``)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(torch.bfloat16).contiguous()
+        self.packed_weight = torch.empty(weight.numel(), dtype=torch.bfloat16)
+        load_cpu_kernels().linear_amx_pack(weight.data_ptr(), self.out_features, self.in_features,
+                                           self.packed_weight.data_ptr())
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        load_cpu_kernels().linear_amx_bf16(
+            rows.data_ptr(), rows.shape[0], self.in_features, self.packed_weight.data_ptr(), self.out_features,
+            None if self.bias is None else self.bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

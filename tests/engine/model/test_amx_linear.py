@@ -1,0 +1,56 @@
+"""AmxLinear (the native AMX kernel, weights packed in tile order) computes what a bf16 nn.Linear computes,
+and bf16 CPU models use it where the CPU has AMX and the shape tiles."""
+import pytest
+import torch
+from torch import nn
+
+from stallfree.engine.model.amx_linear import AmxLinear, amx_available, can_use_amx_linear
+
+CPU = torch.device("cpu")
+needs_amx = pytest.mark.skipif(not amx_available(), reason="no AMX on this CPU (or Linux refuses its tile state)")
+
+
+def reference(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """In fp32, rounded once: a bf16 nn.Linear rounds the product before it adds the bias."""
+    bias = None if linear.bias is None else linear.bias.float()
+    return nn.functional.linear(x.float(), linear.weight.float(), bias).to(torch.bfloat16)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 100])
+@pytest.mark.parametrize("bias", [False, True])
+def test_amx_linear_matches_linear(rows, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 64, bias=bias, dtype=torch.bfloat16)
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    out = AmxLinear(linear)(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 64)
+    torch.testing.assert_close(out, reference(linear, x))  # bf16 tolerances: the fp32 sums' order differs
+
+
+@needs_amx
+def test_amx_linear_takes_any_leading_shape_and_strides():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32, dtype=torch.bfloat16)
+    x = torch.randn(3, 5, 128, dtype=torch.bfloat16)[..., ::2]  # not contiguous
+    torch.testing.assert_close(AmxLinear(linear)(x), reference(linear, x))
+
+
+def test_what_runs_on_amx():
+    square = nn.Linear(64, 64)
+    assert can_use_amx_linear(CPU, torch.bfloat16, square) == amx_available()
+    assert not can_use_amx_linear(CPU, torch.float32, square)
+    assert not can_use_amx_linear(torch.device("cuda"), torch.bfloat16, square)
+    assert not can_use_amx_linear(CPU, torch.bfloat16, nn.Linear(48, 64))  # 48 inputs: not whole 32-deep tiles
+    assert not can_use_amx_linear(CPU, torch.bfloat16, nn.Linear(64, 80))  # 80 outputs: not whole 32-wide panels
+
+
+@needs_amx
+def test_bf16_engine_model_uses_amx_linears():
+    from stallfree.engine import LLM, SamplingParams
+
+    llm = LLM("tiny", dtype="bfloat16")
+    model = llm.engine.runner.model
+    assert isinstance(model.lm_head, AmxLinear) and isinstance(model.layers[0].mlp.down_proj, AmxLinear)
+    out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
