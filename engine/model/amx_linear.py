@@ -3,8 +3,11 @@ packed once at load in the order the kernel streams it.
 
 Why: a decode step's linears are a pass over the weights. On a 2-core Xeon with AMX, oneDNN's packed
 kernel read `small`'s 151 MB of decode-step weights at 17 GB/s (8.7 ms at 32 rows) where the cores read
-31 GB/s; this kernel read them at 26 GB/s (5.8 ms), and ran a 512-row chunk's linears 1.4x faster too
-(docs/performance.md). Where the CPU has no AMX, or a shape does not tile, PackedLinear (oneDNN) stays.
+31 GB/s; this kernel read them at 31 GB/s (4.8 ms). In the model it also ran prefill chunks within 3% of
+oneDNN, so it takes every row count and the weight is held once (docs/performance.md). The MLP's
+gate_up projection also applies SiLU-and-mul as it writes its output (``fuse_silu_and_mul``), which saves
+a pass over the widest activation of the layer. Where the CPU has no AMX, or a shape does not tile,
+PackedLinear (oneDNN) stays.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import functools
 import torch
 from torch import nn
 
+from stallfree.engine.model.llama import MLP, SiluAndMul
 from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 
 TILE_OUT, TILE_IN = 32, 32  # the kernel's panel of output features and its depth of input features
@@ -32,28 +36,52 @@ def amx_available() -> bool:
         return False
     probe = torch.zeros(1, TILE_IN, dtype=torch.bfloat16)  # one row through a zero weight: 0 when AMX runs
     packed, out = torch.zeros(TILE_OUT * TILE_IN, dtype=torch.bfloat16), torch.empty(1, TILE_OUT, dtype=torch.bfloat16)
-    return lib.linear_amx_bf16(probe.data_ptr(), 1, TILE_IN, packed.data_ptr(), TILE_OUT, None, out.data_ptr(), 1) == 0
+    return lib.linear_amx_bf16(probe.data_ptr(), 1, TILE_IN, packed.data_ptr(), TILE_OUT, None, 0, out.data_ptr(),
+                               1) == 0
 
 
 class AmxLinear(nn.Module):
-    """``nn.Linear`` inference in bf16 on AMX, the weight held in the kernel's tile order (no ``weight``)."""
+    """``nn.Linear`` inference in bf16 on AMX, the weight held in the kernel's tile order (no ``weight``).
 
-    def __init__(self, linear: nn.Linear):
+    ``silu_and_mul``: ``linear`` is a fused [gate | up] projection, and the output is silu(gate) * up (half
+    its features), rounded where the unfused ops round."""
+
+    def __init__(self, linear: nn.Linear, silu_and_mul: bool = False):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().to(torch.bfloat16).contiguous()
+        weight = linear.weight.detach().to(torch.bfloat16)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        if silu_and_mul:  # each 32-feature panel: 16 gate features, then the same 16 up features
+            order = torch.arange(linear.out_features).view(2, -1, 16).transpose(0, 1).flatten()
+            weight = weight[order]
+            bias = None if bias is None else bias[order]
+        self.silu_and_mul = silu_and_mul
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features // 2 if silu_and_mul else linear.out_features
         self.packed_weight = torch.empty(weight.numel(), dtype=torch.bfloat16)
-        load_cpu_kernels().linear_amx_pack(weight.data_ptr(), self.out_features, self.in_features,
+        load_cpu_kernels().linear_amx_pack(weight.contiguous().data_ptr(), linear.out_features, self.in_features,
                                            self.packed_weight.data_ptr())
-        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16).contiguous()
+        self.bias = None if bias is None else bias.contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
         out = rows.new_empty(rows.shape[0], self.out_features)
         load_cpu_kernels().linear_amx_bf16(
-            rows.data_ptr(), rows.shape[0], self.in_features, self.packed_weight.data_ptr(), self.out_features,
-            None if self.bias is None else self.bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
+            rows.data_ptr(), rows.shape[0], self.in_features, self.packed_weight.data_ptr(),
+            2 * self.out_features if self.silu_and_mul else self.out_features,
+            None if self.bias is None else self.bias.data_ptr(), int(self.silu_and_mul), out.data_ptr(),
+            torch.get_num_threads())
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                + (", silu_and_mul=True" if self.silu_and_mul else ""))
+
+
+def fuse_silu_and_mul(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give each MLP whose gate_up projection runs on AMX an AmxLinear that applies SiLU-and-mul itself
+    (its ``act`` becomes the identity), in place."""
+    for mlp in model.modules():
+        linear = getattr(mlp, "gate_up_proj", None)
+        if (isinstance(mlp, MLP) and type(mlp.act) is SiluAndMul and isinstance(linear, nn.Linear)
+                and can_use_amx_linear(device, dtype, linear)):
+            mlp.gate_up_proj, mlp.act = AmxLinear(linear, silu_and_mul=True), nn.Identity()

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear
+from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear, fuse_silu_and_mul
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
@@ -92,6 +92,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
     model = model.to(device=device, dtype=dtype).eval()
     if can_pack(device, dtype):
         # AMX where the shape tiles: faster than oneDNN at every row count in the model (engine/model/amx_linear.py)
+        fuse_silu_and_mul(model, device, dtype)
         pack_linears(model, lambda linear: AmxLinear(linear) if can_use_amx_linear(device, dtype, linear)
                      else PackedLinear(linear))
         tune_pieces([m for m in model.layers.modules() if isinstance(m, PackedLinear)], dtype)

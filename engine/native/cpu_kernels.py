@@ -41,7 +41,7 @@ ARGTYPES = {  # keep in sync with DEFINE_KERNELS in csrc/paged_attention.cpp
 }
 BF16_ARGTYPES = {  # csrc/linear_amx.cpp: bf16 only
     "linear_amx_pack": [_P, _I, _I, _P],
-    "linear_amx_bf16": [_P, _I, _I, _P, _I, _P, _P, ctypes.c_int],
+    "linear_amx_bf16": [_P, _I, _I, _P, _I, _P, ctypes.c_int, _P, ctypes.c_int],
 }
 
 

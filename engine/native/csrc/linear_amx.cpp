@@ -46,9 +46,11 @@ struct alignas(64) TileConfig {  // every tile 16 rows x 64 bytes: 0-3 accumulat
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-// x: rows_padded x K (a multiple of 16 rows, zero past M); the panels [first, last) of y.
+// x: rows_padded x K (a multiple of 16 rows, zero past M); the panels [first, last) of y. With
+// silu_and_mul, each panel holds 16 gate columns then their 16 up columns, and y gets silu(gate) * up:
+// N / 2 columns, 16 per panel.
 void panels(const uint16_t* x, int64_t M, int64_t rows_padded, int64_t K, const uint16_t* packed,
-            const uint16_t* bias, int64_t N, uint16_t* y, int64_t first, int64_t last) {
+            const uint16_t* bias, int64_t N, bool silu_and_mul, uint16_t* y, int64_t first, int64_t last) {
   const TileConfig config;
   _tile_loadconfig(&config);
   alignas(64) float acc[MAX_ROWS * PANEL];
@@ -84,9 +86,16 @@ void panels(const uint16_t* x, int64_t M, int64_t rows_padded, int64_t K, const 
       const __m512 bias_lo = bias ? attention_tiles::load_bf16(bias + p * PANEL) : _mm512_setzero_ps();
       const __m512 bias_hi = bias ? attention_tiles::load_bf16(bias + p * PANEL + 16) : _mm512_setzero_ps();
       for (int64_t r = 0; r < std::min<int64_t>(MAX_ROWS, M - m0); ++r) {
-        uint16_t* out = y + (m0 + r) * N + p * PANEL;
-        attention_tiles::store_bf16(out, _mm512_add_ps(_mm512_load_ps(acc + r * PANEL), bias_lo));
-        attention_tiles::store_bf16(out + 16, _mm512_add_ps(_mm512_load_ps(acc + r * PANEL + 16), bias_hi));
+        const __m512 lo = _mm512_add_ps(_mm512_load_ps(acc + r * PANEL), bias_lo);
+        const __m512 hi = _mm512_add_ps(_mm512_load_ps(acc + r * PANEL + 16), bias_hi);
+        if (silu_and_mul) {  // rounded where the unfused ops round: the projection, silu, the product
+          const __m512 gate = attention_tiles::rounded_bf16(lo), up = attention_tiles::rounded_bf16(hi);
+          attention_tiles::store_bf16(y + (m0 + r) * (N / 2) + p * 16,
+                                      _mm512_mul_ps(attention_tiles::rounded_bf16(attention_tiles::silu(gate)), up));
+        } else {
+          attention_tiles::store_bf16(y + (m0 + r) * N + p * PANEL, lo);
+          attention_tiles::store_bf16(y + (m0 + r) * N + p * PANEL + 16, hi);
+        }
       }
     }
   }
@@ -103,7 +112,7 @@ extern "C" int linear_amx_pack(const uint16_t* w, int64_t N, int64_t K, uint16_t
 }
 
 extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                               const uint16_t* bias, uint16_t* y, int num_threads) {
+                               const uint16_t* bias, int silu_and_mul, uint16_t* y, int num_threads) {
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
   if (!attention_tiles::amx_permitted()) return 1;
   const int64_t rows_padded = (M + 15) / 16 * 16;
@@ -119,11 +128,11 @@ extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const ui
     // Contiguous shares of the panels: each thread reads one run of the packed weight.
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
-    panels(x, M, rows_padded, K, packed, bias, N, y, first, last);
+    panels(x, M, rows_padded, K, packed, bias, N, silu_and_mul != 0, y, first, last);
   }
   return 0;
 #else
-  (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)y; (void)num_threads;
+  (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)silu_and_mul; (void)y; (void)num_threads;
   return 1;
 #endif
 }

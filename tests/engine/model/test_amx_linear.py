@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from stallfree.engine.model.amx_linear import AmxLinear, amx_available, can_use_amx_linear
+from stallfree.engine.model.amx_linear import AmxLinear, amx_available, can_use_amx_linear, fuse_silu_and_mul
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.llama import MLP, SiluAndMul
 
 CPU = torch.device("cpu")
 needs_amx = pytest.mark.skipif(not amx_available(), reason="no AMX on this CPU (or Linux refuses its tile state)")
@@ -52,5 +54,31 @@ def test_bf16_engine_model_uses_amx_linears():
     llm = LLM("tiny", dtype="bfloat16")
     model = llm.engine.runner.model
     assert isinstance(model.lm_head, AmxLinear) and isinstance(model.layers[0].mlp.down_proj, AmxLinear)
+    assert model.layers[0].mlp.gate_up_proj.silu_and_mul
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 4
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 33])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gate_up_with_silu_and_mul_matches_the_unfused_ops(rows, bias):
+    torch.manual_seed(0)
+    gate_up = nn.Linear(64, 2 * 48, bias=bias, dtype=torch.bfloat16)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16) * 2
+    fused = AmxLinear(gate_up, silu_and_mul=True)
+    assert fused.out_features == 48
+    torch.testing.assert_close(fused(x), SiluAndMul()(reference(gate_up, x)))
+
+
+@needs_amx
+def test_fuse_silu_and_mul_takes_the_act_into_the_projection():
+    cfg = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+                                "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+                                "vocab_size": 64, "rms_norm_eps": 1e-5})
+    mlp = MLP(cfg).to(torch.bfloat16)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    expected = mlp(x)
+    fuse_silu_and_mul(mlp, CPU, torch.bfloat16)
+    assert isinstance(mlp.gate_up_proj, AmxLinear) and isinstance(mlp.act, nn.Identity)
+    torch.testing.assert_close(mlp(x), expected)
