@@ -31,6 +31,15 @@ def test_amx_linear_matches_linear(rows, bias):
 
 
 @needs_amx
+@pytest.mark.parametrize("in_features", [512, 2048])  # the kernel's sliced (K <= 1024) and unsliced paths
+def test_amx_linear_matches_linear_on_deep_inputs_of_many_rows(in_features):
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, 96, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(70, in_features, dtype=torch.bfloat16)
+    torch.testing.assert_close(AmxLinear(linear)(x), reference(linear, x))
+
+
+@needs_amx
 def test_amx_linear_takes_any_leading_shape_and_strides():
     torch.manual_seed(0)
     linear = nn.Linear(64, 32, dtype=torch.bfloat16)
