@@ -32,10 +32,11 @@ def test_amx_linear_matches_linear(rows, bias):
 
 @needs_amx
 @pytest.mark.parametrize("in_features", [512, 2048])  # the kernel's sliced (K <= 1024) and unsliced paths
-def test_amx_linear_matches_linear_on_deep_inputs_of_many_rows(in_features):
+@pytest.mark.parametrize("rows", [70, 600])  # 600: two passes over the weight (512 rows, then 88 padded to 96)
+def test_amx_linear_matches_linear_on_deep_inputs_of_many_rows(in_features, rows):
     torch.manual_seed(0)
     linear = nn.Linear(in_features, 96, bias=True, dtype=torch.bfloat16)
-    x = torch.randn(70, in_features, dtype=torch.bfloat16)
+    x = torch.randn(rows, in_features, dtype=torch.bfloat16)
     torch.testing.assert_close(AmxLinear(linear)(x), reference(linear, x))
 
 
@@ -69,7 +70,7 @@ def test_bf16_engine_model_uses_amx_linears():
 
 
 @needs_amx
-@pytest.mark.parametrize("rows", [1, 33])
+@pytest.mark.parametrize("rows", [1, 33, 600])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gate_up_with_silu_and_mul_matches_the_unfused_ops(rows, bias):
     torch.manual_seed(0)
