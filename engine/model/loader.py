@@ -91,7 +91,8 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
     model.rotary = type(model.rotary)(cfg, max_len)
     model = model.to(device=device, dtype=dtype).eval()
     if can_pack(device, dtype):
-        # AMX where the shape tiles: faster than oneDNN at every row count in the model (engine/model/amx_linear.py)
+        # AMX where the shape tiles: in the model, faster than oneDNN at decode steps and as fast at prefill
+        # chunks (engine/model/amx_linear.py)
         fuse_silu_and_mul(model, device, dtype)
         pack_linears(model, lambda linear: AmxLinear(linear) if can_use_amx_linear(device, dtype, linear)
                      else PackedLinear(linear))
