@@ -40,6 +40,7 @@ ARGTYPES = {  # keep in sync with DEFINE_KERNELS in csrc/paged_attention.cpp
     "silu_and_mul": [_P, _P, _I, _I, ctypes.c_int],
 }
 BF16_ARGTYPES = {  # csrc/linear_amx.cpp: bf16 only
+    "linear_amx_available": [],
     "linear_amx_pack": [_P, _I, _I, _P],
     "linear_amx_bf16": [_P, _I, _I, _P, _I, _P, ctypes.c_int, _P, ctypes.c_int],
 }

@@ -307,11 +307,12 @@ constexpr bool AMX_BF16 = true;
 constexpr int AMX_ROWS = 16;
 // Tiles: 0-3 accumulators (16 x 16 fp32); 4, 5: Q.K^T's A (16 rows x 32 dims) and B (16 dim pairs x 16
 // keys); 6, 7: P.V's A (16 rows x 16 keys) and B (8 key pairs x 16 dims).
-struct alignas(64) TileConfig {
+struct alignas(64) TileConfig {  // palette 1: bytes per row and rows of each tile
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 32, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 8};
+  uint16_t colsb[16];
+  uint8_t rows[16];
 };
+inline constexpr TileConfig ATTENTION_TILES{1, 0, {}, {64, 64, 64, 64, 64, 64, 32, 64}, {16, 16, 16, 16, 16, 16, 16, 8}};
 
 // The kernel asks Linux for the tile state once per process (oneDNN may have already).
 bool amx_permitted();

@@ -48,19 +48,16 @@ void pack(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
 }
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-struct alignas(64) TileConfig {  // every tile 16 rows x 64 bytes: 0-3 accumulators, 4-5 x, 6-7 W
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
+// Every tile 16 rows x 64 bytes: 0-3 accumulators, 4-5 x, 6-7 W.
+inline constexpr attention_tiles::TileConfig LINEAR_TILES{
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
 // x: rows_padded x K (a multiple of 16 rows, zero past M); the panels [first, last) of y. With
 // silu_and_mul, each panel holds 16 gate columns then their 16 up columns, and y gets silu(gate) * up:
 // N / 2 columns, 16 per panel.
 void panels(const uint16_t* x, int64_t M, int64_t rows_padded, int64_t K, const uint16_t* packed,
             const uint16_t* bias, int64_t N, bool silu_and_mul, uint16_t* y, int64_t first, int64_t last) {
-  const TileConfig config;
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&LINEAR_TILES);
   const int64_t depth = K / DEPTH;
   // Over 32 rows, a panel's weight is read once per 32 rows: in slices of SLICE_STEPS depth steps, each
   // slice stays in L1 while every row group reads it, and the sums wait in acc between slices. Deep
@@ -130,12 +127,21 @@ void panels(const uint16_t* x, int64_t M, int64_t rows_padded, int64_t K, const 
 
 }  // namespace
 
-// 0 on success, 1 where this CPU or build has no AMX (or Linux refuses its tile state).
+// 1 where linear_amx_bf16 runs: the CPU and build have AMX and Linux grants the tile state.
+extern "C" int linear_amx_available() {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  return attention_tiles::amx_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
 extern "C" int linear_amx_pack(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
   pack(w, N, K, out);
   return 0;
 }
 
+// 0 on success, 1 where linear_amx_available() is 0.
 extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
                                const uint16_t* bias, int silu_and_mul, uint16_t* y, int num_threads) {
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)

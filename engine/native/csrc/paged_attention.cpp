@@ -248,8 +248,7 @@ void attend(const Batch<T>& batch, const Task& task, Scratch<T>& scratch) {
   if (amx) {
     scratch.groups.resize(2 * chunk / 16);
     scratch.v_tail.resize(16 * D);
-    const TileConfig config;
-    _tile_loadconfig(&config);  // per task: oneDNN's kernels configure the same threads' tiles their own way
+    _tile_loadconfig(&ATTENTION_TILES);  // per task: oneDNN's kernels configure the same threads' tiles their own way
   }
 #endif
   const int64_t head_offset = task.kv_head * batch.num_blocks * bs * D;
