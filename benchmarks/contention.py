@@ -28,6 +28,7 @@ import torch
 
 from benchmarks.lib.burner import Burner
 from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.runner.cpu_threads import INTERVAL_S, CpuThreads
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 
 PROMPTS, PROMPT_LEN, OUTPUT_LEN = 4, 512, 32
@@ -48,6 +49,14 @@ def run_offline(engine: LLMEngine, prompts: list[list[int]]) -> dict:
             "threads": sorted({r.cpu_threads for r in records}), "engine_cpu_share": cpu.report.engine_cpu_share}
 
 
+def fresh_governor(engine: LLMEngine) -> None:
+    """Each adaptive run starts from a new governor that has watched the machine for one sampling interval
+    while the engine idled, as a served engine's does between arrivals: no state carried over from the
+    previous condition, and no first decision made blind."""
+    engine.runner.cpu_threads = CpuThreads()
+    time.sleep(INTERVAL_S)
+
+
 def inprocess(repeats: int, duties: list[float]) -> list[dict]:
     default_threads = torch.get_num_threads()
     engines = {adaptive: LLMEngine.from_kwargs(model="small", scheduler="sarathi", chunk_size=512,
@@ -62,6 +71,8 @@ def inprocess(repeats: int, duties: list[float]) -> list[dict]:
             with Burner(duty):
                 for adaptive, engine in engines.items():
                     torch.set_num_threads(default_threads)  # the adaptive engine may have lowered it
+                    if adaptive:
+                        fresh_governor(engine)
                     row = {"repeat": repeat, "burner": duty, "adaptive": adaptive, **run_offline(engine, prompts)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)

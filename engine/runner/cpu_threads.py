@@ -29,6 +29,7 @@ MARGIN = 0.25  # a team of n threads needs n - MARGIN free cores (a 2-thread tea
 HYSTERESIS = 0.3  # a thread comes back only once that many more cores are free, so the team does not flap
 SMOOTHING = 0.5  # weight of a lower sample in the estimate of the other processes' load (a higher one counts at once)
 DELAY_LIMIT = 0.25  # the team shrinks only if its threads waited runnable this share of the time (a burner: 0.45)
+IDLE_LIMIT = 0.5  # below this many cores' worth of CPU in a window, the process was mostly idle in it
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,10 @@ class CpuThreads:
         self.last = now
         fits = math.floor(self.cores - self.others + 1 - MARGIN)
         if fits < self.threads:
-            threads = fits if delayed > DELAY_LIMIT else self.threads
+            # A window in which this process mostly idled (the first after a pause) shows no run delay, but
+            # nothing then competed with the others: the CPU they used is what they ask for.
+            idle = ran < IDLE_LIMIT * wall
+            threads = fits if delayed > DELAY_LIMIT or idle else self.threads
         else:
             threads = max(self.threads, math.floor(self.cores - self.others + 1 - MARGIN - HYSTERESIS))
         threads = max(1, min(self.max_threads, threads))
