@@ -30,6 +30,7 @@ HYSTERESIS = 0.3  # a thread comes back only once that many more cores are free,
 SMOOTHING = 0.5  # weight of a lower sample in the estimate of the other processes' load (a higher one counts at once)
 DELAY_LIMIT = 0.25  # the team shrinks only if its threads waited runnable this share of the time (a burner: 0.45)
 IDLE_LIMIT = 0.5  # below this many cores' worth of CPU in a window, the process was mostly idle in it
+STALE_S = 2 * INTERVAL_S  # a pause longer than this says too little about the load now (it may have ended)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ class CpuThreads:
         if wall < INTERVAL_S:
             return self.threads
         ran, waited = now.own_s - self.last.own_s, now.waited_s - self.last.waited_s
+        idle = ran < IDLE_LIMIT * wall
+        if idle and wall > STALE_S:  # work after a long pause: start a fresh window
+            self.last = now
+            return self.threads
         others = max(0.0, (now.busy_s - self.last.busy_s) - ran) / wall
         delayed = waited / (ran + waited) if ran + waited > 0 else 0.0
         # Give up a core at once (a team waiting on a shared core loses most of the step), take one back
@@ -114,9 +119,8 @@ class CpuThreads:
         self.last = now
         fits = math.floor(self.cores - self.others + 1 - MARGIN)
         if fits < self.threads:
-            # A window in which this process mostly idled (the first after a pause) shows no run delay, but
-            # nothing then competed with the others: the CPU they used is what they ask for.
-            idle = ran < IDLE_LIMIT * wall
+            # A window in which this process mostly idled (a short pause) shows no run delay, but nothing
+            # then competed with the others: the CPU they used is what they ask for.
             threads = fits if delayed > DELAY_LIMIT or idle else self.threads
         else:
             threads = max(self.threads, math.floor(self.cores - self.others + 1 - MARGIN - HYSTERESIS))

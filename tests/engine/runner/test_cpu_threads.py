@@ -108,13 +108,13 @@ def test_a_load_generator_that_keeps_a_core_busy_without_making_the_team_wait_le
     assert run(machine, threads, 2.0) == 2 and machine.set_calls == [2]
 
 
-def test_work_arriving_after_a_pause_beside_a_busy_core_starts_on_the_free_core():
+def test_work_arriving_after_a_short_pause_beside_a_busy_core_starts_on_the_free_core():
     """An idle engine shows no run delay, but then the others' CPU is what they ask for: the first
     iteration after the pause already runs on the core they leave."""
     machine = FakeMachine()
     threads = governor(machine)
     machine.others, machine.own_rate = 1.0, 0.0  # a burner; the engine waits for requests
-    machine.advance(1.0)
+    machine.advance(INTERVAL_S)
     assert threads.update() == 1
 
 
@@ -122,8 +122,20 @@ def test_a_pause_beside_a_bursty_client_keeps_every_core():
     machine = FakeMachine()
     threads = governor(machine)
     machine.others, machine.own_rate = 0.3, 0.0
-    machine.advance(1.0)
+    machine.advance(INTERVAL_S)
     assert threads.update() == 2
+
+
+def test_a_long_pause_is_not_taken_for_the_load_now():
+    """Another server's burst while this one idled (it may be over): the first window after a long pause
+    is dropped, and the team decides on the next one, while it works."""
+    machine = FakeMachine()
+    threads = governor(machine)
+    machine.others, machine.own_rate = 2.0, 0.0
+    machine.advance(5.0)
+    assert threads.update() == 2
+    machine.others, machine.own_rate = 0.0, 2.0
+    assert run(machine, threads, 1.0) == 2 and machine.set_calls == [2]
 
 
 def test_an_engine_built_after_a_shrunk_one_starts_from_the_process_team_size():
