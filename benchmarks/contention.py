@@ -5,7 +5,8 @@ and off.
 In process: preset ``small``, 4 prompts of 512 tokens, 32 output tokens each, sarathi-512; per condition
 the wall time, the prefill-chunk and decode-iteration times (median, from the BatchRecords), the thread
 counts used and the CPU share the engine got (ran / (ran + waited runnable), loadgen/sweep/cpu_share.py).
-Conditions alternate within each repeat so that drift on the machine hits all of them alike. Served:
+Conditions alternate within each repeat so that drift on the machine hits all of them alike; each adaptive
+run starts from a fresh governor that has watched the condition for one sampling interval. Served:
 ``stallfree-bench target=http`` (and ``target=locust``) at ``--qps`` with ``model.adaptive_cpu_threads``
 true and false, and for ``http`` the client at ``target.client_nice`` 0 and 5: P99 TBT, the engine's CPU
 share and the load generator's CPU from each run's summary.

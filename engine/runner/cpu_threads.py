@@ -10,8 +10,11 @@ threads waited runnable for a CPU (``/proc/self/task/*/schedstat``). It shrinks 
 (which the native kernels follow too) to the cores left only when both say so: other processes hold a
 core, and the team waits for it. A load generator streaming this server's tokens keeps a core busy in
 bursts without making the team wait, and a team that kept both cores served it faster (docs/performance.md,
-contention). It grows the team back once the cores are free again. On a quiet machine the team is every
-core, as before.
+contention). A window in which this process mostly idled (a pause between requests) shows no run delay, but
+nothing then competed with the others, so the CPU they used is what they ask for: after a short pause the
+team shrinks on that alone, before its first iteration waits on the busy core; a long pause (another
+server's burst that may be over) starts a fresh window instead. It grows the team back once the cores are
+free again. On a quiet machine the team is every core, as before.
 """
 from __future__ import annotations
 
