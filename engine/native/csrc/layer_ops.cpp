@@ -24,6 +24,13 @@ inline float rounded(float x) {  // x rounded to T, as PyTorch stores every inte
   return to_float(t);
 }
 
+#if defined(__AVX512F__)
+using attention_tiles::load_bf16;
+using attention_tiles::rounded_bf16;
+using attention_tiles::silu;
+using attention_tiles::store_bf16;
+#endif
+
 // out = weight * (x / rms(x)) over each row; with add, first residual = x + residual and x is that sum.
 template <typename T>
 void rms_norm(const T* x, int64_t x_stride, T* residual, T* out, const T* weight, int64_t rows, int64_t dim,
@@ -32,6 +39,28 @@ void rms_norm(const T* x, int64_t x_stride, T* residual, T* out, const T* weight
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * x_stride;
     T* res = residual + r * dim;
+    T* o = out + r * dim;
+#if defined(__AVX512F__)
+    // bf16 rows of whole vectors: 4-6x the rate of the loops below, which the compiler leaves scalar
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (dim % 16 == 0) {
+        __m512 squares = _mm512_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 16) {
+          __m512 v = load_bf16(xr + i);
+          if (add) {
+            v = rounded_bf16(_mm512_add_ps(v, load_bf16(res + i)));
+            store_bf16(res + i, v);
+          }
+          squares = _mm512_fmadd_ps(v, v, squares);
+        }
+        const T* src = add ? res : xr;
+        const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(dim) + eps));
+        for (int64_t i = 0; i < dim; i += 16)
+          store_bf16(o + i, _mm512_mul_ps(load_bf16(weight + i), rounded_bf16(_mm512_mul_ps(load_bf16(src + i), scale))));
+        continue;
+      }
+    }
+#endif
     float sum = 0.0f;
     for (int64_t i = 0; i < dim; ++i) {
       float v = to_float(xr[i]);
@@ -43,7 +72,6 @@ void rms_norm(const T* x, int64_t x_stride, T* residual, T* out, const T* weight
     }
     const T* src = add ? res : xr;
     const float scale = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
-    T* o = out + r * dim;
     for (int64_t i = 0; i < dim; ++i) store_scalar(o + i, to_float(weight[i]) * rounded<T>(to_float(src[i]) * scale));
   }
 }
@@ -51,7 +79,19 @@ void rms_norm(const T* x, int64_t x_stride, T* residual, T* out, const T* weight
 // Rotary embedding (rotate-half form) of one head in place: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
 template <typename T>
 inline void rotate_head(T* x, const T* cos, const T* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    for (; i + 16 <= half; i += 16) {
+      const __m512 x1 = load_bf16(x + i), x2 = load_bf16(x + i + half);
+      const __m512 c1 = load_bf16(cos + i), s1 = load_bf16(sin + i);
+      const __m512 c2 = load_bf16(cos + i + half), s2 = load_bf16(sin + i + half);
+      store_bf16(x + i, _mm512_sub_ps(rounded_bf16(_mm512_mul_ps(x1, c1)), rounded_bf16(_mm512_mul_ps(x2, s1))));
+      store_bf16(x + i + half, _mm512_add_ps(rounded_bf16(_mm512_mul_ps(x2, c2)), rounded_bf16(_mm512_mul_ps(x1, s2))));
+    }
+  }
+#endif
+  for (; i < half; ++i) {
     const float x1 = to_float(x[i]), x2 = to_float(x[i + half]);
     const float c1 = to_float(cos[i]), s1 = to_float(sin[i]), c2 = to_float(cos[i + half]), s2 = to_float(sin[i + half]);
     store_scalar(x + i, rounded<T>(x1 * c1) + rounded<T>(-x2 * s1));
@@ -73,13 +113,6 @@ void rotary(T* q, int64_t q_stride, int64_t num_q_heads, T* k, int64_t k_stride,
     for (int64_t h = 0; h < num_k_heads; ++h) rotate_head(k + t * k_stride + h * head_dim, c, s, half);
   }
 }
-
-#if defined(__AVX512F__)
-using attention_tiles::load_bf16;
-using attention_tiles::rounded_bf16;
-using attention_tiles::silu;
-using attention_tiles::store_bf16;
-#endif
 
 // out[r] = silu(gate_up[r, :dim]) * gate_up[r, dim:]
 template <typename T>
