@@ -39,10 +39,11 @@ ARGTYPES = {  # keep in sync with DEFINE_KERNELS in csrc/paged_attention.cpp
     "rotary": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, ctypes.c_int],
     "silu_and_mul": [_P, _P, _I, _I, ctypes.c_int],
 }
-BF16_ARGTYPES = {  # csrc/linear_amx.cpp: bf16 only
+ONE_DTYPE_ARGTYPES = {  # csrc/linear_amx.cpp: bf16 only
     "linear_amx_available": [],
     "linear_amx_pack": [_P, _I, _I, _P],
     "linear_amx_bf16": [_P, _I, _I, _P, _I, _P, ctypes.c_int, _P, ctypes.c_int],
+    "argmax_rows_f32": [_P, _I, _I, _I, _P, ctypes.c_int],  # csrc/sampling.cpp: fp32 logits
 }
 
 
@@ -89,6 +90,6 @@ def load_cpu_kernels() -> ctypes.CDLL | None:
         for suffix in KERNEL_SUFFIXES.values():
             getattr(lib, f"{name}_{suffix}").argtypes = argtypes
             getattr(lib, f"{name}_{suffix}").restype = ctypes.c_int
-    for name, argtypes in BF16_ARGTYPES.items():
+    for name, argtypes in ONE_DTYPE_ARGTYPES.items():
         getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, ctypes.c_int
     return lib

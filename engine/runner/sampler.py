@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 from stallfree.engine.request import SamplingParams
 
 
@@ -28,8 +29,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
-    """The index of each row's largest value (the first of ties), as ``argmax``: ``max``'s reduction ran 2.8x
-    faster on the CPU (32 x 32,000 fp32: 0.23 vs 0.64 ms, about 2% of a decode step of `small`)."""
+    """The index of each row's largest value (the first of ties), as ``argmax``. On the CPU, fp32 rows go to the
+    native kernel (csrc/sampling.cpp); ``max``'s reduction, the fallback, ran 2.8x faster than ``argmax``
+    (32 x 32,000 fp32: 0.23 vs 0.64 ms, about 2% of a decode step of `small`)."""
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 and x.stride(1) == 1
+            and (kernels := load_cpu_kernels()) is not None):
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        kernels.argmax_rows_f32(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(),
+                                torch.get_num_threads())
+        return out
     return x.max(dim=-1).indices
 
 

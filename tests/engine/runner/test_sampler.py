@@ -1,8 +1,10 @@
-"""The batched sampler: greedy rows, exact top-k / top-p masks, distributions, seeded reproducibility."""
+"""The batched sampler: greedy rows (a native argmax on the CPU), exact top-k / top-p masks, distributions,
+seeded reproducibility."""
+import pytest
 import torch
 
 from stallfree.engine.request import SamplingParams
-from stallfree.engine.runner.sampler import filtered_logits, sample
+from stallfree.engine.runner.sampler import filtered_logits, first_argmax, sample
 
 
 def reference_mask(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -32,6 +34,14 @@ def test_greedy_takes_the_first_of_tied_maxima_as_argmax_does():
     logits[2, :] = -3.0  # all equal
     ids = sample(logits, [SamplingParams(temperature=0.0)] * 3, [None] * 3)
     assert ids.tolist() == [7, 31998, 0] == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 33, 32000])  # within one vector, at its edge, with a tail
+def test_first_argmax_matches_argmax_on_any_width_and_row_stride(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 3, (9, vocab + 5), generator=g).float()[:, 2:vocab + 2]  # many ties, strided rows
+    logits[4, -1] = 10.0  # in the tail
+    assert torch.equal(first_argmax(logits), logits.argmax(-1))
 
 
 def test_top_k_and_top_p_masks_match_the_row_by_row_reference():
