@@ -89,15 +89,16 @@ def quiet_threads() -> int:
 
 
 class CpuThreads:
-    """``max_threads``: the team size on a quiet machine (torch's default: the physical cores). ``sample``
-    and ``set_threads`` are injected for tests."""
+    """``max_threads``: the team size on a quiet machine (torch's default: the physical cores). ``sample``,
+    ``set_threads`` and ``clock`` (the one ``sample`` reads ``wall_s`` from) are injected for tests."""
 
     def __init__(self, max_threads: int | None = None, *, cores: float | None = None,
                  sample: Callable[[], CpuSample] = read_sample,
-                 set_threads: Callable[[int], None] = set_torch_threads):
+                 set_threads: Callable[[int], None] = set_torch_threads,
+                 clock: Callable[[], float] = time.monotonic):
         self.cores = usable_cores() if cores is None else cores
         self.max_threads = max(1, min(max_threads or quiet_threads(), math.floor(self.cores)))
-        self.sample, self.set_threads = sample, set_threads
+        self.sample, self.set_threads, self.clock = sample, set_threads, clock
         self.others = 0.0  # cores' worth of CPU the other processes used lately
         self.threads = self.max_threads
         self.set_threads(self.threads)
@@ -105,10 +106,10 @@ class CpuThreads:
 
     def update(self) -> int:
         """Called before each iteration: the thread count it runs with."""
+        if self.clock() - self.last.wall_s < INTERVAL_S:  # a sample reads a few /proc files: ~70 us
+            return self.threads
         now = self.sample()
         wall = now.wall_s - self.last.wall_s
-        if wall < INTERVAL_S:
-            return self.threads
         ran, waited = now.own_s - self.last.own_s, now.waited_s - self.last.waited_s
         idle = ran < IDLE_LIMIT * wall
         if idle and wall > STALE_S:  # work after a long pause: start a fresh window

@@ -14,6 +14,7 @@ class FakeMachine:
         self.wall = self.busy = self.own = self.waited = 0.0
         self.others, self.own_rate, self.delayed = 0.0, 2.0, None
         self.set_calls: list[int] = []
+        self.samples = 0
 
     def advance(self, seconds: float) -> None:
         self.wall += seconds
@@ -23,11 +24,16 @@ class FakeMachine:
         self.waited += self.own_rate * seconds * delayed / (1 - delayed)
 
     def sample(self) -> CpuSample:
+        self.samples += 1
         return CpuSample(self.wall, self.busy, self.own, self.waited)
+
+    def clock(self) -> float:
+        return self.wall
 
 
 def governor(machine: FakeMachine, cores: float = 2, max_threads: int = 2) -> CpuThreads:
-    return CpuThreads(max_threads, cores=cores, sample=machine.sample, set_threads=machine.set_calls.append)
+    return CpuThreads(max_threads, cores=cores, sample=machine.sample, set_threads=machine.set_calls.append,
+                      clock=machine.clock)
 
 
 def run(machine: FakeMachine, threads: CpuThreads, seconds: float) -> int:
@@ -41,6 +47,13 @@ def test_a_quiet_machine_keeps_every_core():
     machine = FakeMachine()
     threads = governor(machine)
     assert run(machine, threads, 2.0) == 2 and machine.set_calls == [2]
+
+
+def test_proc_is_read_once_per_interval_not_every_iteration():
+    machine = FakeMachine()
+    threads = governor(machine)
+    run(machine, threads, 2.0)  # 40 iterations of 50 ms
+    assert 2.0 / INTERVAL_S - 1 <= machine.samples <= 1 + 2.0 / INTERVAL_S  # not 41
 
 
 def test_a_process_on_one_core_leaves_one_thread_and_its_end_gives_the_core_back():
