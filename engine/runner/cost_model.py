@@ -41,7 +41,8 @@ RESIDUAL_KINDS = ("decode", "prefill", "hybrid")
 # 3: fused native layer ops on the CPU. 4: packed bf16 CPU linears; paired-bf16 and wide decode attention.
 # 5: prefill attention on AMX; packed linears in pieces where oneDNN's whole-input kernel is slow.
 # 6: bf16 linears on the engine's AMX kernel (gate_up with SiLU-and-mul); greedy sampling through max.
-ENGINE_REVISION = 6
+# 7: vectorized bf16 norms, rotary and cache writes; the AMX linears' output per row group; a native argmax.
+ENGINE_REVISION = 7
 NUM_RESIDUAL_QUANTILES = 41
 NUM_RESIDUAL_BUCKETS = 3  # of predicted time, equal in profiled iterations
 MIN_BUCKET_RECORDS = 30
