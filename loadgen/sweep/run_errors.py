@@ -7,8 +7,11 @@ model, died or failed every request); 1 any other error; 130 interrupted (Ctrl-C
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
+from types import FrameType
 
 from stallfree.engine.hydra_groups import ConfigError, one_line
 
@@ -23,8 +26,25 @@ def debugging() -> bool:
     return os.environ.get("STALLFREE_DEBUG", "") not in ("", "0")
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C as KeyboardInterrupt, except inside an object's finalizer (``__del__``, e.g. run by the garbage
+    collector), where Python would print the exception and carry on with the job: there it comes again once
+    the finalizer has returned. A bench interrupted while loading a tokenizer once kept running so."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
+
+
 def exit_on_error(prog: str, fn: Callable[[], object], interrupted: str = "interrupted") -> None:
     """Run ``fn``; an error or Ctrl-C ends the process with one line and its exit code."""
+    replace = threading.current_thread() is threading.main_thread() \
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, _interrupt) if replace else None
     try:
         fn()
     except ConfigError as e:
@@ -39,3 +59,6 @@ def exit_on_error(prog: str, fn: Callable[[], object], interrupted: str = "inter
         code, what = (EXIT_TARGET, "target error") if isinstance(e, TargetError) else (EXIT_OTHER, "error")
         print(f"{prog}: {what}: {one_line(e)} (STALLFREE_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(code)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.engine.server import start_server
+from stallfree.loadgen.sweep.run_errors import EXIT_INTERRUPTED, exit_on_error
 from tests.helpers.paths import LOCUSTFILE
 
 BIN = Path(sys.executable).parent
@@ -92,6 +93,25 @@ def test_bench_interrupted(tmp_path):
     done = interrupt_after([BIN / "stallfree-bench", "num_requests=400", "qps=2", f"results_dir={tmp_path}"],
                            tmp_path, seconds=3, started=tmp_path / "default" / ".hydra")  # the job has started
     assert_one_line(done, 130, "interrupted", "run the same command again")
+
+
+def test_ctrl_c_during_a_finalizer_still_stops_the_command():
+    """Python ignores an exception raised in ``__del__``: a Ctrl-C that lands there (the garbage collector
+    freeing a tokenizer's regexes) must still end the command, not let it run on."""
+
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C arrives while a finalizer runs
+
+    def job() -> None:
+        Finalized()  # finalized at once
+        time.sleep(10)  # the rest of the job
+
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as ended:
+        exit_on_error("prog", job)
+    assert ended.value.code == EXIT_INTERRUPTED and time.monotonic() - start < 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
 def test_serve_a_checkpoint_that_is_not_there(tmp_path):
