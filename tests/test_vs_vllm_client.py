@@ -45,6 +45,15 @@ def test_the_second_client_starts_at_the_time_the_first_wrote(tmp_path):
     assert time.perf_counter() >= start
 
 
+def test_a_start_file_seen_while_it_is_written_is_read_again(tmp_path):
+    start_file = tmp_path / "run.start"
+    start_file.write_text("")  # created, not yet written
+    start = time.perf_counter() + 0.3
+    threading.Timer(0.1, lambda: start_file.write_text(repr(start))).start()
+    wait_for_start(start_file, timeout_s=10)
+    assert time.perf_counter() >= start
+
+
 def test_a_failed_first_client_releases_the_second_with_an_error(tmp_path):
     start_file = tmp_path / "run.start"
     start_file.write_text(ABORTED)

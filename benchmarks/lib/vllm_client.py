@@ -80,11 +80,11 @@ def wait_for_start(start_file: Path, timeout_s: float = 600) -> None:
     """Sleep until the perf_counter time vLLM's client wrote to ``start_file`` (CLOCK_MONOTONIC on Linux,
     the same clock in every process)."""
     deadline = time.perf_counter() + timeout_s
-    while not start_file.exists():
+    # An empty file is one being written (a plain write_text, as of ABORTED, is not atomic): read it again.
+    while not (start := start_file.read_text() if start_file.exists() else ""):
         if time.perf_counter() > deadline:
             raise RuntimeError(f"vLLM's client wrote no start time to {start_file}")
         time.sleep(0.001)
-    start = start_file.read_text()
     if start == ABORTED:
         raise RuntimeError("vLLM's client failed before its schedule started")
     time.sleep(max(0.0, float(start) - time.perf_counter()))
