@@ -383,6 +383,11 @@ void write_cache(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t,
                  const int64_t* slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_dim,
                  int64_t num_blocks, int64_t block_size, int num_threads) {
   const bool paired = paired_layout<T>(block_size);
+#if defined(__AVX512BF16__)
+  // The vector path's K scatter: pair row i of a block lies i * block_size pairs (32-bit words) on.
+  const __m512i pair_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32(static_cast<int>(block_size)));
+#endif
 #pragma omp parallel for num_threads(num_threads) if (num_tokens >= 64)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t block = slot_mapping[t] / block_size, offset = slot_mapping[t] % block_size;
@@ -393,8 +398,6 @@ void write_cache(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t,
         const T* v_src = v + t * v_stride_t + h * head_dim;
 #if defined(__AVX512BF16__)
         if (head_dim % 32 == 0) {  // 16 dim pairs (K) and 32 dims (V) per vector: 3x the rate of the loop below
-          const __m512i pair_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                       _mm512_set1_epi32(static_cast<int>(block_size)));
           const __mmask32 half = offset % 2 ? 0xAAAAAAAA : 0x55555555;  // V: this key's element of each pair
           T* v_row = v_cache + base + offset / 2 * head_dim * 2;
           for (int64_t d = 0; d < head_dim; d += 32) {
