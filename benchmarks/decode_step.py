@@ -1,7 +1,9 @@
 """Where a decode step's time goes, in process: one batch of ``--batch`` requests decoding after
 ``--prompt-len``-token prompts, with the model's parts wrapped in wall-clock timers (linears, lm_head,
 attention kernel, cache write, the fused element-wise ops, the whole forward pass and the engine step).
-Figures are ms per step, the mean over ``--steps`` steps.
+Figures are ms per step, the mean over ``--steps`` steps. The parts are timed where they are modules: a
+model whose layers run as one native call each (engine/model/fused_layers.py) runs its modules here, so
+``forward`` is the modules' time, not the fused layers'.
 
     python -m benchmarks.decode_step [--model small] [--batch 32] [--out benchmarks/results/decode_step.json]
 """
@@ -30,6 +32,8 @@ def instrument(llm: LLM) -> dict:
     """Wrap the parts of ``llm``'s model and engine in timers; returns the totals they add to (seconds)."""
     totals: dict = collections.defaultdict(float)
     runner, model = llm.engine.runner, llm.engine.runner.model
+    if hasattr(model, "fused"):
+        model.fused = False
     backend = runner.attn_backend
     for name in ("attention", "write_cache"):
         if hasattr(backend, name):  # the native CPU backend's two kernels

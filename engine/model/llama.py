@@ -149,11 +149,15 @@ class LlamaForCausalLM(nn.Module):
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """Run the flat batch; return fp32 logits of the rows in ``logits_indices``."""
         x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary(positions, x.dtype)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, cos_sin, attn_backend, kv_cache, meta)
+        x, residual = self.run_layers(x, self.rotary(positions, x.dtype), attn_backend, kv_caches, meta)
         if logits_indices.numel() == 0:  # a partial prefill chunk samples nothing
             return x.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
         x, _ = self.norm(x[logits_indices], residual[logits_indices])
         return self.lm_head(x).float()
+
+    def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata):
+        """The decoder layers over the embeddings ``x``: (the last layer's output, the residual stream before it)."""
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, cos_sin, attn_backend, kv_cache, meta)
+        return x, residual

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear, fuse_silu_and_mul
 from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.fused_layers import fuse_layers
 from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears, tune_pieces
@@ -99,6 +100,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
         tune_pieces([m for m in model.layers.modules() if isinstance(m, PackedLinear)], dtype)
     if can_use_native_ops(device, dtype):
         use_native_ops(model)
+        fuse_layers(model)  # where every part of each layer is native now (engine/model/fused_layers.py)
     if can_use_triton_ops(device):
         use_triton_ops(model)
     return model

@@ -1,0 +1,105 @@
+"""Each decoder layer in one native call (engine/native/csrc/decoder_layer.cpp) where every part of it is
+native: AMX linears (SiLU-and-mul fused into gate_up), the native norms and rotary, and the cpu_paged
+attention backend.
+
+Why: between two kernels, the layer's modules spent 14-30 us of Python each (module calls, views, output
+allocations, ctypes arguments): 2.2 ms of a 24.4 ms `small` decode step at batch 32 on a 2-core Xeon, 3x
+what the same Python takes with no kernel in between (docs/performance.md). The kernel calls the same
+kernels in the same order on the same buffers, so the logits are the same bits; only the Python between
+them is gone. Any other backend (a wrapped one included: the op-split sampler's timer) runs the modules.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from stallfree.engine.attention.cpu_paged import CPUPagedAttention
+from stallfree.engine.attention.metadata import AttentionMetadata
+from stallfree.engine.model.amx_linear import AmxLinear
+from stallfree.engine.model.llama import DecoderLayer, LlamaForCausalLM
+from stallfree.engine.model.native_ops import NativeApplyRotary, NativeRMSNorm
+from stallfree.engine.native.cpu_kernels import load_cpu_kernels
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class FusedLayerArgs(ctypes.Structure):
+    """A layer's shapes and weights (``LayerArgs`` in decoder_layer.cpp), fixed at load."""
+
+    _fields_ = [("hidden", _I), ("num_heads", _I), ("num_kv_heads", _I), ("head_dim", _I), ("intermediate", _I),
+                ("eps", _F), ("input_norm", _P), ("post_norm", _P), ("qkv", _P), ("qkv_bias", _P), ("o", _P),
+                ("gate_up", _P), ("down", _P)]
+
+
+class FusedStepArgs(ctypes.Structure):
+    """One forward pass's tokens, attention metadata and scratch (``StepArgs`` in decoder_layer.cpp)."""
+
+    _fields_ = [("tokens", _I), ("cos", _P), ("sin", _P), ("slot_mapping", _P), ("block_tables", _P),
+                ("query_start_loc", _P), ("seq_lens", _P), ("table_stride", _I), ("num_seqs", _I),
+                ("num_blocks", _I), ("block_size", _I), ("scale", _F), ("qkv", _P), ("attn", _P), ("act", _P),
+                ("num_threads", ctypes.c_int)]
+
+
+def can_fuse(layer: DecoderLayer) -> bool:
+    """Every part of ``layer`` is one the native layer runs."""
+    attn, mlp = layer.self_attn, layer.mlp
+    plain = [attn.qkv_proj, attn.o_proj, mlp.down_proj]
+    return (all(type(norm) is NativeRMSNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm))
+            and layer.input_layernorm.eps == layer.post_attention_layernorm.eps
+            and type(attn.rotary) is NativeApplyRotary and type(mlp.act) is nn.Identity
+            and all(type(linear) is AmxLinear and not linear.silu_and_mul for linear in plain)
+            and type(mlp.gate_up_proj) is AmxLinear and mlp.gate_up_proj.silu_and_mul
+            and attn.o_proj.bias is None and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None)
+
+
+def layer_args(layer: DecoderLayer) -> FusedLayerArgs:
+    attn, mlp = layer.self_attn, layer.mlp
+    bias = attn.qkv_proj.bias
+    return FusedLayerArgs(
+        attn.o_proj.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.down_proj.in_features,
+        layer.input_layernorm.eps, layer.input_layernorm.weight.data_ptr(),
+        layer.post_attention_layernorm.weight.data_ptr(), attn.qkv_proj.packed_weight.data_ptr(),
+        None if bias is None else bias.data_ptr(), attn.o_proj.packed_weight.data_ptr(),
+        mlp.gate_up_proj.packed_weight.data_ptr(), mlp.down_proj.packed_weight.data_ptr())
+
+
+class FusedLlamaForCausalLM(LlamaForCausalLM):
+    """The model with ``run_layers`` in native calls. ``fused = False`` runs the layers' modules instead
+    (e.g. to time them one by one, as benchmarks/decode_step.py does)."""
+
+    fused_args: list[FusedLayerArgs]
+    fused: bool
+
+    def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata):
+        if not self.fused or type(attn_backend) is not CPUPagedAttention:
+            return super().run_layers(x, cos_sin, attn_backend, kv_caches, meta)
+        first = self.fused_args[0]
+        tokens = x.shape[0]
+        q_size = first.num_heads * first.head_dim
+        qkv = x.new_empty(tokens, q_size + 2 * first.num_kv_heads * first.head_dim)
+        attn, act = x.new_empty(tokens, q_size), x.new_empty(tokens, first.intermediate)
+        residual = torch.empty_like(x)
+        (cos, sin), tables = cos_sin, meta.block_tables
+        _, num_blocks, block_size, _ = kv_caches[0][0].shape
+        step = FusedStepArgs(tokens, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(),
+                             meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.stride(0),
+                             meta.seq_lens.shape[0], num_blocks, block_size, attn_backend.scale, qkv.data_ptr(),
+                             attn.data_ptr(), act.data_ptr(), torch.get_num_threads())
+        kernel, step_ref = load_cpu_kernels().decoder_layer_bf16, ctypes.byref(step)
+        for i, (args, (k_cache, v_cache)) in enumerate(zip(self.fused_args, kv_caches, strict=True)):
+            if kernel(ctypes.byref(args), step_ref, x.data_ptr(), residual.data_ptr(), k_cache.data_ptr(),
+                      v_cache.data_ptr(), int(i == 0)) != 0:
+                raise RuntimeError("the native decoder layer cannot run here (AMX or the head dim)")
+        return x, residual
+
+
+def fuse_layers(model: LlamaForCausalLM) -> bool:
+    """Make ``model`` a FusedLlamaForCausalLM, in place, if every layer can run natively; returns whether."""
+    if type(model) is not LlamaForCausalLM or not all(can_fuse(layer) for layer in model.layers):
+        return False
+    model.__class__ = FusedLlamaForCausalLM
+    model.fused_args = [layer_args(layer) for layer in model.layers]
+    model.fused = True
+    return True

@@ -1,0 +1,73 @@
+// One Llama-family decoder layer in one call: the kernels the layer's modules call (engine/model/llama.py with
+// AmxLinear, the native layer ops and the cpu_paged attention backend), in the same order on the same buffers,
+// so the outputs are the same bits.
+//
+// Why: between two kernels, the modules' Python (module calls, views, allocations, ctypes arguments) took
+// 14-30 us, 3x what the same code takes when no kernel runs between (a decode step's weights and cache have
+// just gone through the caches). At batch 32 that was 2.2 ms of a 24.4 ms `small` decode step on a 2-core
+// Xeon (docs/performance.md).
+#include <cstdint>
+#include <cstring>
+
+extern "C" {
+int rms_norm_bf16(const uint16_t* x, int64_t x_stride, uint16_t* residual, uint16_t* out, const uint16_t* weight,
+                  int64_t rows, int64_t dim, float eps, int add, int num_threads);
+int rotary_bf16(uint16_t* q, int64_t q_stride, int64_t num_q_heads, uint16_t* k, int64_t k_stride,
+                int64_t num_k_heads, const uint16_t* cos, const uint16_t* sin, int64_t tokens, int64_t head_dim,
+                int num_threads);
+int write_cache_bf16(const uint16_t* k, int64_t k_stride_t, const uint16_t* v, int64_t v_stride_t,
+                     uint16_t* k_cache, uint16_t* v_cache, const int64_t* slot_mapping, int64_t num_tokens,
+                     int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size,
+                     int num_threads);
+int paged_attention_bf16(const uint16_t* q, int64_t q_stride_t, int64_t q_stride_h, const uint16_t* k_cache,
+                         const uint16_t* v_cache, const int64_t* block_tables, int64_t table_stride,
+                         const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, uint16_t* out,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
+                         int64_t block_size, float scale, int num_threads);
+int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
+                    const uint16_t* bias, int silu_and_mul, uint16_t* y, int num_threads);
+}
+
+// A layer's shapes and weights, fixed at load (FusedLayerArgs in engine/model/fused_layers.py).
+struct LayerArgs {
+  int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
+  float eps;
+  const uint16_t *input_norm, *post_norm;
+  const uint16_t *qkv, *qkv_bias, *o, *gate_up, *down;  // AMX-packed; gate_up: [gate | up] with SiLU-and-mul
+};
+
+// One forward pass: its tokens, attention metadata and scratch, the same for every layer (FusedStepArgs).
+struct StepArgs {
+  int64_t tokens;
+  const uint16_t *cos, *sin;  // [tokens, head_dim]
+  const int64_t *slot_mapping, *block_tables, *query_start_loc, *seq_lens;
+  int64_t table_stride, num_seqs, num_blocks, block_size;
+  float scale;
+  uint16_t *qkv, *attn, *act;  // [tokens, q + 2 kv], [tokens, q], [tokens, intermediate]
+  int num_threads;
+};
+
+// x: the previous layer's output, or for the first layer (first = 1) the embeddings; residual: the residual
+// stream before x (unset for the first layer). Afterwards x holds this layer's output and residual the stream
+// before it: the next layer's norm adds them, as DecoderLayer.forward returns them.
+extern "C" int decoder_layer_bf16(const LayerArgs* l, const StepArgs* s, uint16_t* x, uint16_t* residual,
+                                  uint16_t* k_cache, uint16_t* v_cache, int first) {
+  const int64_t T = s->tokens, D = l->head_dim, q_size = l->num_heads * D, kv_size = l->num_kv_heads * D;
+  const int64_t width = q_size + 2 * kv_size;
+  const int threads = s->num_threads;
+  uint16_t *q = s->qkv, *k = s->qkv + q_size, *v = s->qkv + q_size + kv_size;
+  if (first) std::memcpy(residual, x, T * l->hidden * sizeof(uint16_t));
+  rms_norm_bf16(x, l->hidden, residual, x, l->input_norm, T, l->hidden, l->eps, !first, threads);
+  linear_amx_bf16(x, T, l->hidden, l->qkv, width, l->qkv_bias, 0, s->qkv, threads);
+  rotary_bf16(q, width, l->num_heads, k, width, l->num_kv_heads, s->cos, s->sin, T, D, threads);
+  write_cache_bf16(k, width, v, width, k_cache, v_cache, s->slot_mapping, T, l->num_kv_heads, D, s->num_blocks,
+                   s->block_size, threads);
+  if (paged_attention_bf16(q, width, D, k_cache, v_cache, s->block_tables, s->table_stride, s->query_start_loc,
+                           s->seq_lens, s->num_seqs, s->attn, l->num_heads, l->num_kv_heads, D, s->num_blocks,
+                           s->block_size, s->scale, threads) != 0)
+    return 1;
+  linear_amx_bf16(s->attn, T, q_size, l->o, l->hidden, nullptr, 0, x, threads);
+  rms_norm_bf16(x, l->hidden, residual, x, l->post_norm, T, l->hidden, l->eps, 1, threads);
+  linear_amx_bf16(x, T, l->hidden, l->gate_up, 2 * l->intermediate, nullptr, 1, s->act, threads);
+  return linear_amx_bf16(s->act, T, l->intermediate, l->down, l->hidden, nullptr, 0, x, threads);
+}
