@@ -42,7 +42,8 @@ RESIDUAL_KINDS = ("decode", "prefill", "hybrid")
 # 5: prefill attention on AMX; packed linears in pieces where oneDNN's whole-input kernel is slow.
 # 6: bf16 linears on the engine's AMX kernel (gate_up with SiLU-and-mul); greedy sampling through max.
 # 7: vectorized bf16 norms, rotary and cache writes; the AMX linears' output per row group; a native argmax.
-ENGINE_REVISION = 7
+# 8: each decoder layer in one native call where all its parts are native (bf16 on AMX).
+ENGINE_REVISION = 8
 NUM_RESIDUAL_QUANTILES = 41
 NUM_RESIDUAL_BUCKETS = 3  # of predicted time, equal in profiled iterations
 MIN_BUCKET_RECORDS = 30
