@@ -20,6 +20,7 @@ from stallfree.engine.model.llama import MLP, SiluAndMul
 from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 
 TILE_OUT, TILE_IN = 32, 32  # the kernel's panel of output features and its depth of input features
+BF16, SILU_AND_MUL, FLOAT = 0, 1, 2  # what the kernel writes (Epilogue in csrc/linear_amx.cpp)
 
 
 def can_use_amx_linear(device: torch.device, dtype: torch.dtype, linear: nn.Linear) -> bool:
@@ -39,9 +40,11 @@ class AmxLinear(nn.Module):
     """``nn.Linear`` inference in bf16 on AMX, the weight held in the kernel's tile order (no ``weight``).
 
     ``silu_and_mul``: ``linear`` is a fused [gate | up] projection, and the output is silu(gate) * up (half
-    its features), rounded where the unfused ops round."""
+    its features), rounded where the unfused ops round. ``float_output``: the bf16 output's values in fp32
+    (the model's lm_head: sampling reads fp32 logits, and a separate ``.float()`` pass was ~1% of a decode
+    step)."""
 
-    def __init__(self, linear: nn.Linear, silu_and_mul: bool = False):
+    def __init__(self, linear: nn.Linear, silu_and_mul: bool = False, float_output: bool = False):
         super().__init__()
         weight = linear.weight.detach().to(torch.bfloat16)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
@@ -49,7 +52,7 @@ class AmxLinear(nn.Module):
             order = torch.arange(linear.out_features).view(2, -1, 16).transpose(0, 1).flatten()
             weight = weight[order]
             bias = None if bias is None else bias[order]
-        self.silu_and_mul = silu_and_mul
+        self.silu_and_mul, self.float_output = silu_and_mul, float_output
         self.in_features = linear.in_features
         self.out_features = linear.out_features // 2 if silu_and_mul else linear.out_features
         self.packed_weight = torch.empty(weight.numel(), dtype=torch.bfloat16)
@@ -59,17 +62,18 @@ class AmxLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
-        out = rows.new_empty(rows.shape[0], self.out_features)
+        out = rows.new_empty(rows.shape[0], self.out_features, dtype=torch.float32 if self.float_output else None)
         load_cpu_kernels().linear_amx_bf16(
             rows.data_ptr(), rows.shape[0], self.in_features, self.packed_weight.data_ptr(),
             2 * self.out_features if self.silu_and_mul else self.out_features,
-            None if self.bias is None else self.bias.data_ptr(), int(self.silu_and_mul), out.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(),
+            SILU_AND_MUL if self.silu_and_mul else FLOAT if self.float_output else BF16, out.data_ptr(),
             torch.get_num_threads())
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-                + (", silu_and_mul=True" if self.silu_and_mul else ""))
+                + (", silu_and_mul=True" if self.silu_and_mul else "") + (", float_output=True" if self.float_output else ""))
 
 
 def fuse_silu_and_mul(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -95,8 +95,9 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
         # AMX where the shape tiles: in the model, faster than oneDNN at decode steps and as fast at prefill
         # chunks (engine/model/amx_linear.py)
         fuse_silu_and_mul(model, device, dtype)
-        pack_linears(model, lambda linear: AmxLinear(linear) if can_use_amx_linear(device, dtype, linear)
-                     else PackedLinear(linear))
+        lm_head = model.lm_head  # its logits come out in fp32, as the model returns them
+        pack_linears(model, lambda linear: AmxLinear(linear, float_output=linear is lm_head)
+                     if can_use_amx_linear(device, dtype, linear) else PackedLinear(linear))
         tune_pieces([m for m in model.layers.modules() if isinstance(m, PackedLinear)], dtype)
     if can_use_native_ops(device, dtype):
         use_native_ops(model)

@@ -25,7 +25,7 @@ int paged_attention_bf16(const uint16_t* q, int64_t q_stride_t, int64_t q_stride
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                          int64_t block_size, float scale, int num_threads);
 int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                    const uint16_t* bias, int silu_and_mul, uint16_t* y, int num_threads);
+                    const uint16_t* bias, int epilogue, void* y, int num_threads);  // epilogue 1: SiLU-and-mul
 }
 
 // A layer's shapes and weights, fixed at load (FusedLayerArgs in engine/model/fused_layers.py).

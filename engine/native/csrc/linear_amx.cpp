@@ -35,6 +35,11 @@ constexpr int64_t SLICE_MAX_K = 1024;
 // 768 bf16: 768 KB). A 4,096-token prefill in one pass read its 6 MB input from memory once per panel.
 constexpr int64_t ROW_BLOCK = 512;
 
+// What the kernel writes (AmxLinear's epilogue): the product in bf16; silu(gate) * up of a [gate | up]
+// projection; or the bf16 product's values as fp32, for the logits, which sampling reads in fp32 (a
+// pass of .float() over 32 x 32,000 logits took 0.3 ms of a decode step).
+enum Epilogue : int { BF16 = 0, SILU_AND_MUL = 1, FLOAT = 2 };
+
 void pack(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
   for (int64_t p = 0; p < N / PANEL; ++p)
     for (int64_t k = 0; k < K / DEPTH; ++k)
@@ -53,10 +58,10 @@ inline constexpr attention_tiles::TileConfig LINEAR_TILES{
     1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
 // x: rows_padded x K (a multiple of 16 rows, zero past M); the panels [first, last) of y. With
-// silu_and_mul, each panel holds 16 gate columns then their 16 up columns, and y gets silu(gate) * up:
+// SILU_AND_MUL, each panel holds 16 gate columns then their 16 up columns, and y gets silu(gate) * up:
 // N / 2 columns, 16 per panel.
 void panels(const uint16_t* x, int64_t M, int64_t rows_padded, int64_t K, const uint16_t* packed,
-            const uint16_t* bias, int64_t N, bool silu_and_mul, uint16_t* y, int64_t first, int64_t last) {
+            const uint16_t* bias, int64_t N, Epilogue epilogue, void* y, int64_t first, int64_t last) {
   _tile_loadconfig(&LINEAR_TILES);
   const int64_t depth = K / DEPTH;
   // Over 32 rows, a panel's weight is read once per 32 rows: in slices of SLICE_STEPS depth steps, each
@@ -114,13 +119,18 @@ void panels(const uint16_t* x, int64_t M, int64_t rows_padded, int64_t K, const 
         for (int64_t r = 0; r < std::min(MAX_ROWS, M - m0); ++r) {
           const __m512 lo = _mm512_add_ps(_mm512_loadu_ps(done + r * PANEL), bias_lo);
           const __m512 hi = _mm512_add_ps(_mm512_loadu_ps(done + r * PANEL + 16), bias_hi);
-          if (silu_and_mul) {  // rounded where the unfused ops round: the projection, silu, the product
+          if (epilogue == SILU_AND_MUL) {  // rounded where the unfused ops round: the projection, silu, the product
             const __m512 gate = attention_tiles::rounded_bf16(lo), up = attention_tiles::rounded_bf16(hi);
-            attention_tiles::store_bf16(y + (m0 + r) * (N / 2) + p * 16,
+            attention_tiles::store_bf16(static_cast<uint16_t*>(y) + (m0 + r) * (N / 2) + p * 16,
                                         _mm512_mul_ps(attention_tiles::rounded_bf16(attention_tiles::silu(gate)), up));
+          } else if (epilogue == FLOAT) {
+            float* out = static_cast<float*>(y) + (m0 + r) * N + p * PANEL;
+            _mm512_storeu_ps(out, attention_tiles::rounded_bf16(lo));
+            _mm512_storeu_ps(out + 16, attention_tiles::rounded_bf16(hi));
           } else {
-            attention_tiles::store_bf16(y + (m0 + r) * N + p * PANEL, lo);
-            attention_tiles::store_bf16(y + (m0 + r) * N + p * PANEL + 16, hi);
+            uint16_t* out = static_cast<uint16_t*>(y) + (m0 + r) * N + p * PANEL;
+            attention_tiles::store_bf16(out, lo);
+            attention_tiles::store_bf16(out + 16, hi);
           }
         }
       }
@@ -146,12 +156,14 @@ extern "C" int linear_amx_pack(const uint16_t* w, int64_t N, int64_t K, uint16_t
   return 0;
 }
 
-// 0 on success, 1 where linear_amx_available() is 0.
+// 0 on success, 1 where linear_amx_available() is 0. epilogue: an Epilogue; y: bf16, or fp32 for FLOAT.
 extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
-                               const uint16_t* bias, int silu_and_mul, uint16_t* y, int num_threads) {
+                               const uint16_t* bias, int epilogue, void* y, int num_threads) {
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
   if (!attention_tiles::amx_permitted()) return 1;
-  const int64_t num_panels = N / PANEL, out_features = silu_and_mul ? N / 2 : N;
+  const Epilogue kind = static_cast<Epilogue>(epilogue);
+  const int64_t num_panels = N / PANEL, out_features = kind == SILU_AND_MUL ? N / 2 : N;
+  const int64_t out_bytes = kind == FLOAT ? sizeof(float) : sizeof(uint16_t);
   std::vector<uint16_t> padded;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_BLOCK) {
     const int64_t rows = std::min(ROW_BLOCK, M - m0), rows_padded = (rows + 15) / 16 * 16;
@@ -166,12 +178,13 @@ extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const ui
       // Contiguous shares of the panels: each thread reads one run of the packed weight.
       const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
       const int64_t first = num_panels * t / threads, last = num_panels * (t + 1) / threads;
-      panels(block, rows, rows_padded, K, packed, bias, N, silu_and_mul != 0, y + m0 * out_features, first, last);
+      panels(block, rows, rows_padded, K, packed, bias, N, kind, static_cast<char*>(y) + m0 * out_features * out_bytes,
+             first, last);
     }
   }
   return 0;
 #else
-  (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)silu_and_mul; (void)y; (void)num_threads;
+  (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)epilogue; (void)y; (void)num_threads;
   return 1;
 #endif
 }

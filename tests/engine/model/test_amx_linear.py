@@ -41,6 +41,17 @@ def test_amx_linear_matches_linear_on_deep_inputs_of_many_rows(in_features, rows
 
 
 @needs_amx
+@pytest.mark.parametrize("rows", [1, 33, 600])
+def test_float_output_is_the_bf16_output_in_fp32(rows):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    out = AmxLinear(linear, float_output=True)(x)
+    assert out.dtype == torch.float32 and out.shape == (rows, 96)
+    assert torch.equal(out, AmxLinear(linear)(x).float())
+
+
+@needs_amx
 def test_amx_linear_takes_any_leading_shape_and_strides():
     torch.manual_seed(0)
     linear = nn.Linear(64, 32, dtype=torch.bfloat16)
@@ -65,6 +76,7 @@ def test_bf16_engine_model_uses_amx_linears():
     model = llm.engine.runner.model
     assert isinstance(model.lm_head, AmxLinear) and isinstance(model.layers[0].mlp.down_proj, AmxLinear)
     assert model.layers[0].mlp.gate_up_proj.silu_and_mul
+    assert model.lm_head.float_output and not model.layers[0].mlp.down_proj.float_output
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 4
 
