@@ -95,11 +95,9 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
         return x, residual
 
 
-def fuse_layers(model: LlamaForCausalLM) -> bool:
-    """Make ``model`` a FusedLlamaForCausalLM, in place, if every layer can run natively; returns whether."""
-    if type(model) is not LlamaForCausalLM or not all(can_fuse(layer) for layer in model.layers):
-        return False
-    model.__class__ = FusedLlamaForCausalLM
-    model.fused_args = [layer_args(layer) for layer in model.layers]
-    model.fused = True
-    return True
+def fuse_layers(model: LlamaForCausalLM) -> None:
+    """Make ``model`` a FusedLlamaForCausalLM, in place, if every layer can run natively."""
+    if type(model) is LlamaForCausalLM and all(can_fuse(layer) for layer in model.layers):
+        model.__class__ = FusedLlamaForCausalLM
+        model.fused_args = [layer_args(layer) for layer in model.layers]
+        model.fused = True

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "attention_tiles.h"
+#include "layer_kernels.h"
 
 namespace {
 

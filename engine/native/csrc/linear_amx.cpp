@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention_tiles.h"
+#include "layer_kernels.h"
 
 namespace {
 

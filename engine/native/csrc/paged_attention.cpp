@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention_tiles.h"
+#include "layer_kernels.h"
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
 // Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
@@ -399,6 +400,7 @@ void write_cache(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t,
 #if defined(__AVX512BF16__)
         if (head_dim % 32 == 0) {  // 16 dim pairs (K) and 32 dims (V) per vector: 3x the rate of the loop below
           const __mmask32 half = offset % 2 ? 0xAAAAAAAA : 0x55555555;  // V: this key's element of each pair
+          const int shift = offset % 2 ? 16 : 0;
           T* v_row = v_cache + base + offset / 2 * head_dim * 2;
           for (int64_t d = 0; d < head_dim; d += 32) {
             // K: dims d, d+1 (one 32-bit pair) go to pair row d / 2 at this key's slot
@@ -408,7 +410,6 @@ void write_cache(const T* k, int64_t k_stride_t, const T* v, int64_t v_stride_t,
             const __m512i dims = _mm512_loadu_si512(v_src + d);
             const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(dims));
             const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(dims, 1));
-            const int shift = offset % 2 ? 16 : 0;
             _mm512_mask_storeu_epi16(v_row + 2 * d, half, _mm512_slli_epi32(lo, shift));
             _mm512_mask_storeu_epi16(v_row + 2 * d + 32, half, _mm512_slli_epi32(hi, shift));
           }
