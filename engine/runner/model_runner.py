@@ -161,7 +161,7 @@ class ModelRunner:
                  utilization, profile.total / GIB, profile.weights_and_activations / GIB, profile.non_torch / GIB,
                  profile.graphs / GIB)
         if num_blocks < 1:
-            raise ValueError(f"cache.gpu_memory_utilization={utilization} leaves room for no KV block; raise it")
+            raise ValueError(f"gpu_memory_utilization={utilization} leaves room for no KV block; raise it")
         return num_blocks
 
     @torch.inference_mode()
