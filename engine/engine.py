@@ -13,8 +13,8 @@ from stallfree.engine.device import resolve_device, resolve_dtype
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.engine.outputs import BatchRecord, RequestOutput, TokenLogprob
-from stallfree.engine.request import Request, RequestStatus, SamplingParams
+from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stallfree.engine.outputs import TokenLogprob
+from stallfree.engine.request import TokenLogprob
 from stallfree.engine.utilization import OperatorSplit
 
 
