@@ -136,6 +136,11 @@ def size_caveat(sizes: list[int]) -> str | None:
             "its capacities and ratios are not the full study's")
 
 
+def with_study_size(table: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
+    """``table`` with a ``study`` column beside its ratios when the study is reduced (``size_caveat``)."""
+    return table if size_caveat(sizes) is None else table.assign(study=f"† reduced: {size_text(sizes)}")
+
+
 def falcon_tp8(table: pd.DataFrame) -> pd.DataFrame:
     """Falcon-180B capacity at TP4-PP2 and TP8 (both on two 4-GPU nodes) by trace, SLO and policy, with sarathi
     at TP4-PP2 over vllm at TP8 (the paper's comparison)."""
@@ -170,9 +175,9 @@ def bubbles(results_dir: str | Path) -> pd.DataFrame:
     """Pipeline bubbles by pipelined deployment and policy: the median over every probe of the capacity
     searches of the share of stage time spent idle while the engine had work."""
     runs = load_runs(results_dir)
-    if "pipeline_bubble_fraction" not in runs:
+    if not {"pipeline_bubble_fraction", "pipeline_stages"} <= set(runs):
         return pd.DataFrame(columns=["deployment", "policy", "median_bubble_fraction", "probes"])
-    staged = runs[runs["pipeline_stages"].fillna(1) > 1]
+    staged = runs[runs["pipeline_stages"].fillna(1) > 1].dropna(subset=["pipeline_bubble_fraction"])
     return (staged.groupby(["model", "scheduler"])["pipeline_bubble_fraction"].agg(["median", "count"])
             .reset_index().rename(columns={"model": "deployment", "scheduler": "policy",
                                            "median": "median_bubble_fraction", "count": "probes"}))
