@@ -114,6 +114,16 @@ def comparison(capacities: list[Capacity], mark: str = "") -> str:
     return " ".join(lines)
 
 
+def policy_ranking(capacities: list[Capacity]) -> str:
+    """``sarathi > vllm`` (``=`` between policies whose best capacities are the same)."""
+    best = best_per_policy(capacities)
+    text = best[0].scheduler
+    for ahead, behind in zip(best, best[1:], strict=False):
+        same = (ahead.rank_value, ahead.bound) == (behind.rank_value, behind.bound)
+        text += f" {'=' if same else '>'} {behind.scheduler}"
+    return text
+
+
 def disturbance(capacities: list[Capacity], undisturbed: list[Capacity] | None) -> str:
     """Which runs were disturbed, and whether the ranking of the policies holds without them."""
     runs = sorted({run for c in capacities for run in c.disturbed_runs})
@@ -124,10 +134,10 @@ def disturbance(capacities: list[Capacity], undisturbed: list[Capacity] | None) 
         return named
     if not undisturbed:
         return f"{named} Without them no capacity is left to rank."
-    before, after = policy_order(capacities), policy_order(undisturbed)
+    before, after = policy_ranking(capacities), policy_ranking(undisturbed)
     if before == after:
-        return f"{named} Without them the ranking of the policies holds ({' > '.join(after)})."
-    return f"{named} **Without them the ranking changes**: {' > '.join(after)} (with them: {' > '.join(before)})."
+        return f"{named} Without them the ranking of the policies holds ({after})."
+    return f"{named} **Without them the ranking changes**: {after} (with them: {before})."
 
 
 # --- capacities from the results ------------------------------------------------------------------
@@ -283,7 +293,7 @@ def paper_conclusion(results_dir: str | Path) -> str:
     caveat = paper.size_caveat(sizes)
     mark = " †" if caveat else ""
     parts = ["# Conclusion",
-             f"**Study size: {paper.size_text(sizes)}** — † {caveat}." if caveat
+             f"**Study size: † {caveat}.**" if caveat
              else f"Study size: {paper.size_text(sizes)}, the preset's full size."]
     records = [r for r in _json_records(Path(results_dir)) if r.get("model") in paper.DEPLOYMENTS]
     disturbed = _disturbed_ids(paper.load_runs(results_dir))
