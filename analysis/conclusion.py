@@ -201,6 +201,7 @@ def _from_runs(runs: pd.DataFrame, slo_name: str, slo_ms: float, max_delay_ms: f
 
 @dataclass(frozen=True)
 class SloConclusion:
+    """What one experiment's results say under one SLO."""
     experiment: str
     slo_name: str
     slo_tbt_ms: float

@@ -130,15 +130,18 @@ def size_text(sizes: list[int]) -> str:
 
 def size_caveat(sizes: list[int]) -> str | None:
     """The caveat every ratio of a study smaller than the preset's carries; None at full size."""
-    if sizes and max(sizes) >= PAPER_NUM_REQUESTS:
+    if not sizes:
+        return (f"study size unknown (its runs record no num_requests; the preset's is {PAPER_NUM_REQUESTS:,}): "
+                "its capacities and ratios may not be the full study's")
+    if max(sizes) >= PAPER_NUM_REQUESTS:
         return None
     return (f"reduced study: {size_text(sizes)}, not the preset's {PAPER_NUM_REQUESTS:,}; "
             "its capacities and ratios are not the full study's")
 
 
 def with_study_size(table: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
-    """``table`` with a ``study`` column beside its ratios when the study is reduced (``size_caveat``)."""
-    return table if size_caveat(sizes) is None else table.assign(study=f"† reduced: {size_text(sizes)}")
+    """``table`` with a ``study`` column beside its ratios when they carry a caveat (``size_caveat``)."""
+    return table if size_caveat(sizes) is None else table.assign(study=f"† {size_text(sizes)}")
 
 
 def falcon_tp8(table: pd.DataFrame) -> pd.DataFrame:

@@ -108,10 +108,15 @@ def test_a_reduced_study_carries_its_caveat_beside_every_ratio(results):
     assert ratios and all(ratios)  # every ratio is followed by the mark
     assert "mistral7b_a100 over vllm: 2.00x † (arxiv, strict) vs the paper's 2.6x" in text
     head = paper.headline(paper.capacity_table(results))
-    assert set(paper.with_study_size(head, sizes)["study"]) == {"† reduced: 256 requests per probe"}
+    assert set(paper.with_study_size(head, sizes)["study"]) == {"† 256 requests per probe"}
     figure = paper_plots.headline_bars(head, caveat=paper.size_caveat(sizes))
     labels = [t.get_text() for t in figure.axes[0].texts]
     assert "2.0×†" in labels and figure._supxlabel.get_text().startswith("† reduced study")
+
+
+def test_a_study_of_unknown_size_carries_a_caveat_too():
+    assert paper.size_caveat([]).startswith("study size unknown")
+    assert paper.size_text([256, 2048]) == "256 and 2,048 requests per probe"
 
 
 def test_a_lower_bound_capacity_gives_no_ratio_over_it(results):
