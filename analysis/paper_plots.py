@@ -4,6 +4,7 @@ paper's."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,8 @@ def _caveat(fig: Figure, caveat: str | None) -> str:
     """The mark every ratio of a reduced study carries ("†"), explained under the figure; "" at full size."""
     if caveat is None:
         return ""
-    fig.supxlabel(f"† {caveat}", fontsize=9, color="#b00000")
+    width = int(fig.get_figwidth() * 13)  # characters of a 9 pt line across the figure
+    fig.supxlabel(textwrap.fill(f"† {caveat}", width), fontsize=9, color="#b00000")
     return "†"
 
 
@@ -43,7 +45,8 @@ def capacity_bars(table: pd.DataFrame, save: str | Path | None = None, caveat: s
                 drawn = ax.bar(range(len(cell)), cell["capacity_qps"], color=[palette[p] for p in cell.index])
                 ax.bar_label(drawn, fontsize=8, padding=2, labels=[
                     ("≥" if r.lower_bound else "") + f"{r.capacity_qps:.2g}"
-                    + ("" if p == "vllm" or pd.isna(r.ratio_to_vllm) else f"\n{r.ratio_to_vllm:.1f}×{mark}")
+                    + ("" if p == "vllm" or pd.isna(r.ratio_to_vllm)
+                       else f"\n{'≥' if r.lower_bound else ''}{r.ratio_to_vllm:.1f}×{mark}")
                     for p, r in cell.iterrows()])
                 ax.set_xticks(range(len(cell)), cell.index, fontsize=8)
                 slo_ms = cell["slo_tbt_ms"].dropna()
