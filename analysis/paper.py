@@ -109,7 +109,7 @@ def headline(table: pd.DataFrame) -> pd.DataFrame:
         top = best.loc[best["sarathi_tp4_pp2_over_vllm_tp8"].idxmax()]
         rows.append({"deployment": FALCON[0], "over": "vllm at TP8", "paper": PAPER_FALCON_TP8_RATIO,
                      "ours": float(top["sarathi_tp4_pp2_over_vllm_tp8"]), "ours_at": f"{top['trace']}, {top['slo']}",
-                     "ours_lower_bound": False})
+                     "ours_lower_bound": bool(top["ratio_lower_bound"])})
     else:
         rows.append({"deployment": FALCON[0], "over": "vllm at TP8", "paper": PAPER_FALCON_TP8_RATIO,
                      "ours": None, "ours_at": "", "ours_lower_bound": False})
@@ -146,18 +146,23 @@ def with_study_size(table: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
 
 def falcon_tp8(table: pd.DataFrame) -> pd.DataFrame:
     """Falcon-180B capacity at TP4-PP2 and TP8 (both on two 4-GPU nodes) by trace, SLO and policy, with sarathi
-    at TP4-PP2 over vllm at TP8 (the paper's comparison)."""
+    at TP4-PP2 over vllm at TP8 (the paper's comparison; none where vllm's capacity at TP8 is a lower bound)
+    and whether that ratio is a lower bound (sarathi's capacity is)."""
     falcon = table[table["deployment"].isin(FALCON)]
+    ratio = ["sarathi_tp4_pp2_over_vllm_tp8", "ratio_lower_bound"]
     if falcon.empty:
-        return pd.DataFrame(columns=["trace", "slo", "sarathi_tp4_pp2_over_vllm_tp8"])
-    wide = falcon.pivot_table(index=["trace", "slo"], columns=["deployment", "policy"], values="capacity_qps")
-    wide.columns = [f"{policy} {'TP8' if d == FALCON[1] else 'TP4-PP2'}" for d, policy in wide.columns]
-    wide = wide.reset_index()
+        return pd.DataFrame(columns=["trace", "slo", *ratio])
+    shape = {"index": ["trace", "slo"], "columns": ["deployment", "policy"]}
+    wide = falcon.pivot_table(values="capacity_qps", **shape)
+    bounds = falcon.assign(lower_bound=falcon["lower_bound"].astype(float)).pivot_table(values="lower_bound", **shape)
+    wide.columns = bounds.columns = [f"{policy} {'TP8' if d == FALCON[1] else 'TP4-PP2'}" for d, policy in wide.columns]
     if {"sarathi TP4-PP2", "vllm TP8"} <= set(wide.columns):
-        wide["sarathi_tp4_pp2_over_vllm_tp8"] = wide["sarathi TP4-PP2"] / wide["vllm TP8"].where(wide["vllm TP8"] > 0)
+        base = wide["vllm TP8"].where((wide["vllm TP8"] > 0) & (bounds["vllm TP8"] == 0))
+        wide[ratio[0]] = wide["sarathi TP4-PP2"] / base
+        wide[ratio[1]] = bounds["sarathi TP4-PP2"] > 0
     else:
-        wide["sarathi_tp4_pp2_over_vllm_tp8"] = float("nan")
-    return wide
+        wide[ratio[0]], wide[ratio[1]] = float("nan"), False
+    return wide.reset_index()
 
 
 def ablation(results_dir: str | Path) -> pd.DataFrame:

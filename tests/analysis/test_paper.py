@@ -153,3 +153,20 @@ def test_report_of_a_reduced_study_shows_what_ran(tmp_path):
     assert "NaN" not in html and "[256]" not in html
     assert "256 requests per probe" in html and "5.33x † (arxiv, strict) vs the paper's 2.6x" in html
     assert (tmp_path / "conclusion.md").read_text().startswith("# Conclusion")
+
+
+def test_falcon_tp8_ratio_over_a_lower_bound_is_not_given(results):
+    records = json.loads((results / "capacity.json").read_text())
+    for record in records:
+        if record["model"] == "falcon180b_a100_tp8" and record["workload"] == "openchat_sharegpt4":
+            record.update(bracketed=False, hi_qps=None)
+        if record["model"] == "falcon180b_a100_tp4_pp2" and record["scheduler"] == "sarathi":
+            record.update(bracketed=False, hi_qps=None)
+    (results / "capacity.json").write_text(json.dumps(records))
+    table = paper.capacity_table(results)
+    tp8 = paper.falcon_tp8(table).set_index("trace")
+    assert tp8.loc["arxiv", "sarathi_tp4_pp2_over_vllm_tp8"] == pytest.approx(2.5)
+    assert tp8.loc["arxiv", "ratio_lower_bound"]
+    assert pd.isna(tp8.loc["openchat_sharegpt4", "sarathi_tp4_pp2_over_vllm_tp8"])
+    head = paper.headline(table).set_index(["deployment", "over"])
+    assert head.loc[("falcon180b_a100_tp4_pp2", "vllm at TP8"), "ours_lower_bound"]
