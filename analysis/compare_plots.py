@@ -62,7 +62,7 @@ def frontiers_plot(runs: pd.DataFrame, engines: list[str], save: str | Path | No
 
 
 def capacity_bars(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """One bar per contender of `analysis.compare.load_compare` in its order, annotated with the capacity
+    """One bar per contender of `load_compare` (analysis.compare) in its order, annotated with the capacity
     as the search supports it and the ratio to the baseline; a missing contender a grey slot."""
     if table.empty:
         return message("No comparison: no compare.json.", save)
