@@ -20,7 +20,7 @@ from stallfree.analysis.load import POLICIES, engine_labels
 
 RECORD_KEYS = ["contender", "status", "reason", "target", "scheduler", "chunk_size", "slo_name", "slo_tbt_ms",
                "slo_reference_method", "capacity_qps", "bracketed", "lo_qps", "hi_qps"]
-COLUMNS = ["experiment", "engine", *RECORD_KEYS, "capacity_text", "baseline", "ratio", "ratio_text"]
+COLUMNS = ["experiment", "engine", *RECORD_KEYS, "capacity_text", "baseline", "ratio", "ratio_text", "run_ids"]
 
 
 def engine_order(engines: pd.Series, external: pd.Series) -> list[str]:
@@ -34,14 +34,15 @@ def engine_order(engines: pd.Series, external: pd.Series) -> list[str]:
 
 def load_compare(results_dir: str | Path) -> pd.DataFrame:
     """One row per contender of every `compare.json` at `results_dir` or in its experiment dirs, with its
-    `engine`, `capacity_text` and its `ratio` (exact ratios only) / `ratio_text` to the `baseline`;
-    rows in `engine_order`."""
+    `engine`, `capacity_text`, its `ratio` (exact ratios only) / `ratio_text` to the `baseline` and the
+    `run_ids` it measured (QPS points and capacity probes); rows in `engine_order`."""
     path = Path(results_dir)
     rows = [{"experiment": f.parent.name, **row} for pattern in ("compare.json", "*/compare.json")
             for f in sorted(path.glob(pattern)) for row in json.loads(f.read_text())]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     frame = pd.DataFrame(rows).reindex(columns=["experiment", *RECORD_KEYS])
+    frame["run_ids"] = [[*row.get("run_ids", []), *(p["run_id"] for p in row.get("points", []))] for row in rows]
     measured = frame["status"].eq("measured")
     frame["engine"] = engine_labels(frame).where(measured, frame["contender"])
     order = engine_order(frame["engine"], frame["target"].eq("url") | ~measured)
@@ -50,6 +51,14 @@ def load_compare(results_dir: str | Path) -> pd.DataFrame:
                               for row, m in zip(frame.itertuples(), frame["status"].eq("measured"), strict=True)]
     return pd.concat([_ratios(group) for _, group in frame.groupby("experiment", sort=False)]) \
         .reindex(columns=COLUMNS).reset_index(drop=True)
+
+
+def compare_runs(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The runs (`load.load_runs`) the contenders of `table` measured, with their `engine`: runs left in the
+    experiment dir by earlier settings are not theirs."""
+    measured = {run_id for run_ids in table["run_ids"] for run_id in run_ids}
+    runs = runs[runs["run_id"].isin(measured)]
+    return runs.assign(engine=engine_labels(runs))
 
 
 def capacity_text(row) -> str:

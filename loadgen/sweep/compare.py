@@ -3,8 +3,8 @@
 (loadgen.sweep.capacity_search), on one live target. A url contender whose server does not answer is
 skipped with one line, and the sweep goes on with the others.
 
-Each job records its contender, measured (the capacity record without its points, and the run ids of
-its QPS points) or missing (why), in ``<results_dir>/<experiment_name>/.compare/<contender>.json``, and
+Each job records its contender, measured (its capacity record and the run ids of its QPS points) or
+missing (why), in ``<results_dir>/<experiment_name>/.compare/<contender>.json``, and
 rebuilds ``compare.json``, the list of them, which the report's comparison reads (analysis.compare).
 """
 from __future__ import annotations
@@ -52,9 +52,8 @@ def run_compare(cfg: BenchConfig, targets: LiveTarget) -> dict:
     # The capacity search reports its share of the job from 0 on, so the points before it claim none.
     run_ids = [run_point(point_cfg, targets, part=RunPart(0.0, {"qps": qps}))["run_id"]
                for qps in cfg.compare.qps for point_cfg in repeat_configs(cfg.with_qps(qps))]
-    capacity = {key: value for key, value in run_search(cfg, targets).items() if key != "points"}
     return _record(exp_dir, {"contender": name, "status": "measured", "reason": None, "url": cfg.target.url,
-                             **capacity, "run_ids": run_ids})
+                             **run_search(cfg, targets), "run_ids": run_ids})
 
 
 def _record(exp_dir: Path, record: dict) -> dict:

@@ -4,7 +4,7 @@ import json
 import pandas as pd
 import pytest
 
-from stallfree.analysis.compare import compare_note, load_compare
+from stallfree.analysis.compare import compare_note, compare_runs, load_compare
 from stallfree.analysis.load import engine_labels
 
 
@@ -76,3 +76,13 @@ def test_engines_held_to_different_slos_are_said_not_to_compare(tmp_path):
                              record("stallfree_vllm", "http", "vllm", 2.0, 2.0, 2.5, slo_tbt_ms=100.0)])
     note = compare_note(table.reset_index())
     assert "**The engines were held to different SLOs** (vllm: 80 ms, stallfree vllm: 100 ms)" in note
+
+
+def test_the_comparison_draws_only_the_runs_its_contenders_measured(tmp_path):
+    measured = {**record("stallfree_vllm", "http", "vllm", 1.5, 1.5, 1.75), "run_ids": ["point"],
+                "points": [{"qps": 1.5, "run_id": "probe"}]}
+    table = write(tmp_path, [measured]).reset_index()
+    runs = pd.DataFrame({"run_id": ["point", "probe", "left by earlier settings"], "target": "http",
+                         "scheduler": "vllm", "chunk_size": None})
+    drawn = compare_runs(runs, table)
+    assert list(drawn["run_id"]) == ["point", "probe"] and set(drawn["engine"]) == {"stallfree vllm"}
