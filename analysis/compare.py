@@ -94,19 +94,21 @@ def _ratios(frame: pd.DataFrame) -> pd.DataFrame:
     measured = frame[frame["status"].eq("measured")]
     if measured.empty:
         return frame.assign(baseline=None, ratio=np.nan, ratio_text="")
-    base_lo, base_hi = capacity_interval(next(measured.itertuples()))
-    ratios = []
-    for row in frame.itertuples():
+    baseline = next(measured.itertuples())
+    base_lo, base_hi = capacity_interval(baseline)
+
+    def ratio(row) -> tuple[float, str]:
         if row.status != "measured":
-            ratios.append((np.nan, ""))
-            continue
+            return np.nan, ""
+        if row.Index == baseline.Index:  # 1x by definition, bounded or not
+            return 1.0, ratio_text(1.0, 1.0)
         lo, hi = capacity_interval(row)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            bounds = (float(np.divide(lo, base_hi)), float(np.divide(hi, base_lo)))
-        bounds = tuple(0.0 if np.isnan(b) else b for b in bounds)  # 0 / 0 and inf / inf say nothing
-        ratios.append((bounds[0] if bounds[0] == bounds[1] else np.nan, ratio_text(*bounds)))
-    ratio, text = zip(*ratios, strict=True)
-    return frame.assign(baseline=measured["engine"].iloc[0], ratio=list(ratio), ratio_text=list(text))
+        with np.errstate(divide="ignore"):  # over a baseline that passed nothing: no upper bound
+            lo, hi = float(np.divide(lo, base_hi)), float(np.divide(hi, base_lo))
+        return (lo if lo == hi else np.nan), ratio_text(lo, hi)
+
+    ratios, texts = zip(*(ratio(row) for row in frame.itertuples()), strict=True)
+    return frame.assign(baseline=baseline.engine, ratio=list(ratios), ratio_text=list(texts))
 
 
 def compare_note(table: pd.DataFrame) -> str:

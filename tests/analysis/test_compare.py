@@ -56,6 +56,7 @@ def test_a_capacity_the_search_did_not_bracket_is_a_bound_and_so_is_its_ratio(tm
     row = table.loc["stallfree vllm"]
     assert (row["capacity_text"], row["ratio_text"]) == (capacity_text, ratio_text)
     assert pd.isna(row["ratio"])  # only an exact ratio is a number
+    assert table.loc["vllm-server", "ratio_text"] == "1.00x"  # the baseline, bounded or not
 
 
 def test_a_missing_contender_is_named_with_its_reason_and_the_next_engine_is_the_baseline(tmp_path):
