@@ -47,8 +47,7 @@ def load_compare(results_dir: str | Path) -> pd.DataFrame:
     frame["engine"] = engine_labels(frame).where(measured, frame["contender"])
     order = engine_order(frame["engine"], frame["target"].eq("url") | ~measured)
     frame = frame.assign(_order=frame["engine"].map(order.index)).sort_values(["experiment", "_order"])
-    frame["capacity_text"] = [capacity_text(row) if m else "missing"
-                              for row, m in zip(frame.itertuples(), frame["status"].eq("measured"), strict=True)]
+    frame["capacity_text"] = [capacity_text(row) if row.status == "measured" else "missing" for row in frame.itertuples()]
     return pd.concat([_ratios(group) for _, group in frame.groupby("experiment", sort=False)]) \
         .reindex(columns=COLUMNS).reset_index(drop=True)
 
