@@ -27,8 +27,9 @@ from stallfree.analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",
-            "paper": "The Sarathi-Serve study on simulated GPU deployments"}
-OPTIONAL_SECTIONS = {"paper"}  # only for results that hold it (analysis.paper), and then alone
+            "paper": "The Sarathi-Serve study on simulated GPU deployments", "compare": "Engines side by side"}
+OPTIONAL_SECTIONS = {"paper", "compare"}  # only for results that hold them (analysis.paper, analysis.compare)
+COMPARE_SECTIONS = ["compare"]  # an engine comparison's report, in order (+experiment=compare)
 GENERIC_SECTIONS = [name for name in SECTIONS if name not in OPTIONAL_SECTIONS]
 PHASES = "phases"  # the characterisation studies: included when a phases.csv is there
 
@@ -94,6 +95,8 @@ def render_html(notebooks: list[Path], output: str | Path, title: str, conclusio
 
 def has_section_data(name: str, results_dir: Path) -> bool:
     """Whether an optional section has anything to show in RESULTS_DIR."""
+    if name == "compare":
+        return any(results_dir.glob("compare.json")) or any(results_dir.glob("*/compare.json"))
     return name == "paper" and not capacity_table(results_dir).empty
 
 
@@ -126,6 +129,8 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
     paper_study = has_section_data("paper", results_dir)
     if paper_study:
         sections = [(name, results_dir, {}) for name in ["paper"]]
+    elif has_section_data("compare", results_dir):  # engines side by side: policies' sections do not apply
+        sections = [(name, results_dir, {}) for name in COMPARE_SECTIONS]
     elif phases_csv is None or not load_runs(results_dir).empty:
         sections = [(name, results_dir, extra.get(name, {})) for name in GENERIC_SECTIONS]
     else:

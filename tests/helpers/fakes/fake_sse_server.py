@@ -8,6 +8,7 @@ share a core or the GIL with the load generator under test:
     python tests/helpers/fakes/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
 
 ``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
+``GET /v1/models`` lists one model, ``FAKE_MODEL``.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator
 
 ERROR_MODEL_PREFIX = "fake-status-"
+FAKE_MODEL = "fake"
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
@@ -52,6 +54,11 @@ async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: fl
     writer.write(_sse(final) + _sse("[DONE]") + b"0\r\n\r\n")
 
 
+def _models_response() -> bytes:
+    body = json.dumps({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}).encode()
+    return f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+
+
 def _error_response(status: int) -> bytes:
     body = json.dumps({"error": {"message": f"fake error {status}", "type": "fake", "code": status}}).encode()
     return (f"HTTP/1.1 {status} Fake Error\r\ncontent-type: application/json\r\n"
@@ -67,7 +74,9 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                            if line.startswith("content-length:")), 0)
             request = json.loads(await reader.readexactly(length)) if length else {}
             model = request.get("model", "")
-            if model.startswith(ERROR_MODEL_PREFIX):
+            if head.startswith("get /v1/models "):
+                writer.write(_models_response())
+            elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))
             else:
                 await _stream_tokens(writer, request, ttft_s, tbt_s)
