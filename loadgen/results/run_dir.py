@@ -3,19 +3,24 @@ summary.json}, written into a temporary directory and renamed when complete, and
 results/<experiment>/summary.parquet with one row per complete run.
 
 requests.parquet has one row per RequestRecord; its schema is derived from the dataclass's fields.
+A directory that cannot be written (no permission, a read-only or full filesystem, a file in the path)
+raises ResultsDirError, and nothing half-written is left to count as a complete run.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import tempfile
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +49,57 @@ def arrow_schema(record_type: type) -> pa.Schema:
 
 
 REQUESTS_SCHEMA = arrow_schema(RequestRecord)
+
+
+class ResultsDirError(Exception):
+    """Results cannot be written where they go; the message names the place, the OS's reason and what to do."""
+
+    def __init__(self, where: Path, error: OSError, at: Path | None = None):
+        at = at or error.filename or where  # the path the OS refused
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        super().__init__(f"cannot write in {where} ({at}: {error.strerror or error}); "
+                         f"{'free space there or ' if full else ''}choose a directory you can write in")
+
+
+def results_dir_error(error: OSError, root: str | Path) -> ResultsDirError | None:
+    """``error`` as a ResultsDirError when it is about a path under ``root``, else None (a refused
+    connection, a missing input file)."""
+    root = Path(root).absolute()
+    if error.filename is None or not Path(os.fsdecode(error.filename)).absolute().is_relative_to(root):
+        return None
+    return ResultsDirError(root, error)
+
+
+def probe_writable(directory: str | Path) -> None:
+    """Raise ResultsDirError unless ``directory`` can be created and written in: a small file is written in
+    it (or in its closest existing parent) and removed again."""
+    existing = Path(directory).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        with tempfile.TemporaryDirectory(prefix=".write-probe-", dir=existing) as probe:
+            (Path(probe) / "probe").write_bytes(bytes(4096))
+    except OSError as e:
+        raise ResultsDirError(Path(directory), e, at=existing) from None  # not the probe's own name
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _partial(path: Path, exp_dir: Path) -> Iterator[None]:
+    """``path`` is being written: on any failure it is removed, and an OSError becomes a ResultsDirError."""
+    try:
+        yield
+    except BaseException as e:
+        _remove(path)
+        if isinstance(e, OSError):
+            raise ResultsDirError(exp_dir, e) from e
+        raise
 
 
 def make_run_id(params: dict) -> str:
@@ -82,8 +138,8 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
     exp_dir = Path(exp_dir)
     final, tmp = exp_dir / run_id, exp_dir / f".{run_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with _partial(tmp, exp_dir):
+        tmp.mkdir(parents=True)
         text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
         (tmp / "config.yaml").write_text(text)
         pq.write_table(pa.Table.from_pylist([as_row(r) for r in requests],
@@ -94,9 +150,6 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
         (tmp / "summary.json").write_text(json.dumps(clean, indent=2, default=str) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 
@@ -119,6 +172,7 @@ def rebuild_experiment_summary(exp_dir: str | Path) -> pd.DataFrame:
                          for key, value in {"run_id": run_dir.name, **summary}.items()})
     table = pd.DataFrame(rows)
     tmp = exp_dir / f".summary.parquet.tmp-{os.getpid()}"
-    table.to_parquet(tmp, index=False)
-    tmp.replace(exp_dir / "summary.parquet")
+    with _partial(tmp, exp_dir):
+        table.to_parquet(tmp, index=False)
+        tmp.replace(exp_dir / "summary.parquet")
     return table
