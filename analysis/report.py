@@ -21,7 +21,7 @@ from stallfree.analysis.load import load_runs
 from stallfree.analysis.paper import capacity_table
 from stallfree.analysis.phases import find_phases
 from stallfree.analysis.vllm_format import export_vllm
-from stallfree.loadgen.results.run_dir import ResultsDirError, probe_writable, results_dir_error
+from stallfree.loadgen.results.writable import ResultsDirError, probe_writable, results_dir_error
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",

@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from stallfree.loadgen.results.run_dir import results_dir_error
+from stallfree.loadgen.results.writable import results_dir_error
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
-from stallfree.loadgen.results.run_dir import ResultsDirError, probe_writable
+from stallfree.loadgen.results.writable import ResultsDirError, probe_writable
 from stallfree.loadgen.sweep.bench_schema import BenchConfig, load_bench
 
 CONFIG_NAME = "bench"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from stallfree.engine.hydra_groups import ConfigError, one_line
-from stallfree.loadgen.results.run_dir import ResultsDirError
+from stallfree.loadgen.results.writable import ResultsDirError
 
 EXIT_CONFIG, EXIT_TARGET, EXIT_OTHER, EXIT_INTERRUPTED = 2, 3, 1, 130
 
