@@ -81,6 +81,7 @@ def test_bench_onto_a_full_disk(tmpfs, tmp_path):
     assert not (where / "results").exists()
 
 
+@pytest.mark.slow
 def test_the_disk_fills_up_while_a_run_is_written(tmpfs, tmp_path):
     """Room for the check and Hydra's directory, not for a whole run (a tmpfs of few inodes): the failed
     write ends the sweep with one line, and no run directory, complete or half-written, is left."""
