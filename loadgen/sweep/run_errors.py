@@ -1,7 +1,7 @@
 """How a command of the harness ends on an error: one line on stderr that says what to do, and a
 documented exit code (docs/bench.md); the traceback only with ``STALLFREE_DEBUG=1``.
 
-Exit codes: 2 a config error (the key is named) or results that cannot be written (loadgen.results.run_dir:
+Exit codes: 2 a config error (the key is named) or results that cannot be written (loadgen.results.writable:
 no permission, a read-only or full filesystem); 3 the target failed (unreachable, does not serve the
 model, died or failed every request); 1 any other error; 130 interrupted (Ctrl-C).
 """
