@@ -24,6 +24,7 @@ from stallfree.analysis.load import load_batches, load_runs
 from stallfree.analysis.paper import capacity_table
 from stallfree.analysis.phases import find_phases
 from stallfree.analysis.vllm_format import export_vllm
+from stallfree.loadgen.results.writable import ResultsDirError, probe_writable, results_dir_error
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",
@@ -167,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
               "a studies run phases.csv; run stallfree-bench first, or give the results_dir it wrote to)",
               file=sys.stderr)
         return 2
-    if args.export:
-        written = export_vllm(load_runs(args.results_dir), args.out or args.results_dir / "vllm")
-        print(f"exported {len(written)} runs to {args.out or args.results_dir / 'vllm'}/")
-        return 0
+    output_dir = (args.out or args.results_dir / "vllm") if args.export else args.results_dir
     try:
+        probe_writable(output_dir)
+        if args.export:
+            written = export_vllm(load_runs(args.results_dir), output_dir)
+            print(f"exported {len(written)} runs to {output_dir}/")
+            return 0
         report = build_report(args.results_dir, slo_tbt_ms=args.slo_tbt_ms,
                               relaxed_slo_tbt_ms=args.relaxed_slo_tbt_ms, qps=args.qps)
     except KeyboardInterrupt:
@@ -181,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stallfree-report: error: a notebook failed: {err.ename}: {err.evalue}\n"
               f"  see the executed notebooks in {args.results_dir / 'notebooks'}", file=sys.stderr)
         return 1
+    except (ResultsDirError, OSError) as err:
+        unwritable = err if isinstance(err, ResultsDirError) else results_dir_error(err, output_dir)
+        if unwritable is None:
+            raise
+        print(f"stallfree-report: error: {unwritable}", file=sys.stderr)
+        return 2
     figures = sorted((args.results_dir / "figures").glob("*.png"))
     print(f"report:  {report}\nfigures: {args.results_dir / 'figures'}/ ({len(figures)} PNG)")
     return 0

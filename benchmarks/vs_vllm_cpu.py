@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.engine_throughput import make_prompts, workload_parser, write_result
 from benchmarks.server_overhead import measure_burst, start_server
-from stallfree.engine.device import resolve_dtype
+from stallfree.engine.device import choose_dtype
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.loadgen.results.records import RequestRecord
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="bursts per server, alternating (new prompts each round)")
     args = ap.parse_args()
     model_dir = resolve_model_path(args.model)
-    dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
+    dtype = choose_dtype(args.dtype, torch.device("cpu")).name
     vocab_size = ArchConfig.from_dir(model_dir).vocab_size
     result: dict = {"model": args.model, "dtype": dtype, "num_requests": args.num_requests,
                     "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "chunk": args.chunk,

@@ -18,14 +18,16 @@ _EXPORTS = {
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
     "CostModel": "stallfree.engine.runner.cost_model", "IterationFeatures": "stallfree.engine.runner.cost_model",
     "profile_cost_model": "stallfree.engine.runner.profile", "check_speed": "stallfree.engine.runner.speed_check",
-    "first_lone_surrogate": "stallfree.engine.tokenizer",
+    "first_lone_surrogate": "stallfree.engine.tokenizer", "choose_dtype": "stallfree.engine.device",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
            "RequestMetrics", "RequestStatus", "RequestOutput", "TokenLogprob", "BatchRecord", "SCHEDULERS", "resolve_model_path",
-           "CostModel", "IterationFeatures", "profile_cost_model", "check_speed", "first_lone_surrogate"]
+           "CostModel", "IterationFeatures", "profile_cost_model", "check_speed", "first_lone_surrogate",
+           "choose_dtype"]
 
 if TYPE_CHECKING:
     from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from stallfree.engine.device import choose_dtype
     from stallfree.engine.engine import LLMEngine
     from stallfree.engine.llm import LLM
     from stallfree.engine.model.presets import resolve_model_path

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from stallfree.engine.config import EngineConfig
-from stallfree.engine.device import resolve_device, resolve_dtype
+from stallfree.engine.device import choose_dtype, resolve_device
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
@@ -56,7 +56,9 @@ class LLMEngine:
         self.max_model_len = min(mc.max_model_len or DEFAULT_MAX_MODEL_LEN, arch.max_position_embeddings,
                                  arch.sliding_window or arch.max_position_embeddings)
         self.device = resolve_device(mc.device)
-        self.dtype = resolve_dtype(mc.dtype, self.device)
+        self.dtype_choice = choose_dtype(mc.dtype, self.device)
+        self.dtype = self.dtype_choice.dtype
+        logger.info("dtype: %s", self.dtype_choice)
         self.tokenizer, self.no_tokenizer_reason = (
             load_tokenizer(path, mc.tokenizer, mc.skip_tokenizer_init) if path is not None
             else (None, "a simulated deployment has no tokenizer: send token ids"))
