@@ -182,7 +182,8 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     _searched[key] = job
     bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
     spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
-    print(f"[capacity] {plan.params['scheduler']} chunk_size={plan.params['chunk_size']} slo={cfg.slo.name} "
+    chunk = "" if plan.params["chunk_size"] is None else f" chunk_size={plan.params['chunk_size']}"
+    print(f"[capacity] {plan.params['scheduler']}{chunk} slo={cfg.slo.name} "
           f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {interval.mean:g} qps{spread}{bound}, "
           f"{sum(len(r.points) for r in results)} points", flush=True)
     return record
