@@ -110,11 +110,13 @@ def test_a_server_that_dies_mid_run_leaves_every_request_a_row_and_a_failed_run(
     probes = 1  # ignore_eos: auto (token ids are not asked for)
     served = 2
     with running_fake_server(1, 1, FakeBehaviour(die_after=probes + WARMUP_REQUESTS + served)) as url:
-        summary = measure(url, tmp_path, "num_requests=6")
-    assert (summary["completed"], summary["failed"]) == (served, 4)
+        summary = measure(url, tmp_path, "num_requests=6", "qps=20")
+    # the request that kills it, and those after, fail; one still in flight then (a slow machine) fails too
+    assert 1 <= summary["completed"] <= served and summary["completed"] + summary["failed"] == 6
     assert summary["failed_run"] is True and "lost the connection to the target" in summary["failed_reason"]
     requests = pd.read_parquet(tmp_path / "default" / summary["run_id"] / "requests.parquet")
-    assert len(requests) == 6 and (requests["status"] == "error").sum() == 4 and requests["error"].notna().sum() == 4
+    failed = requests[requests["status"] == "error"]
+    assert len(requests) == 6 and len(failed) == summary["failed"] and failed["error"].notna().all()
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[failed]")]
     assert "failed run:" in line
 
