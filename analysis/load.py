@@ -135,8 +135,9 @@ def coverage_note(runs: pd.DataFrame) -> str:
         return "**No runs found** -- run `stallfree-bench` first; the figures below are empty."
     counts = runs.groupby("config", sort=False).size()
     notes = [f"{len(runs)} runs ({', '.join(f'{config}: {n}' for config, n in counts.items())})."]
-    missing = [p for p in POLICIES if p not in set(runs["scheduler"])]
-    if missing:
+    policies = set(runs["scheduler"])
+    missing = [p for p in POLICIES if p not in policies]
+    if missing and policies & set(POLICIES):  # runs of servers elsewhere (labels, not policies) miss none
         notes.append(f"No runs for policies: {', '.join(missing)}.")
     disturbed = runs.loc[disturbed_mask(runs), "run_id"]
     if len(disturbed):

@@ -3,7 +3,9 @@ of vLLM's own client) read back as rows of ``load_runs``, so both land on the sa
 
 vLLM counts latencies from the actual send: its ``ttft`` / ``e2el`` are stallfree's ``ttft_from_send`` /
 ``e2el_from_send``; its ``tpot`` and ``itl`` are stallfree's ``tpot`` and ``tbt``. A vLLM run carries
-only from-send latencies, so its rows fill both names (``latency_origin: "send"``).
+only from-send latencies, so its rows fill both names (``latency_origin: "send"``). An exported run's
+``backend`` is what served it: a running server's label (summary ``engine_label``, e.g. ``vllm 0.32.0 (url)``),
+else ``stallfree``.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ VLLM_METRICS = {"ttft": ("ttft_from_send",), "tpot": ("tpot",), "itl": ("itl",),
 STATS = ("mean", "median", "std", "p90", "p95", "p99", "p99.9")
 TOTALS = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
           "output_throughput", "total_token_throughput")
-RUN_LABELS = ("experiment", "run_id", "scheduler", "chunk_size")  # kept as --metadata style top-level keys
+RUN_LABELS = ("experiment", "run_id", "scheduler", "chunk_size", "engine_label")  # kept as --metadata style keys
 # when read back, vLLM's from-send metrics also fill stallfree's plotted names
 ALSO_FILLS = {"ttft_from_send": ("ttft",), "itl": ("tbt",), "e2el_from_send": ("e2el",)}
 
@@ -31,7 +33,8 @@ def to_vllm_result(summary: dict, requests: pd.DataFrame) -> dict:
     """One run as vLLM's --save-result --save-detailed JSON (its run labels added as metadata keys)."""
     rows = per_request_metrics(requests)
     ok = rows["status"] == "ok"
-    result = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": "openai", "backend": "stallfree",
+    result = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": "openai",
+              "backend": summary.get("engine_label") or "stallfree",
               "label": summary["run_id"], "model_id": summary.get("model"), "tokenizer_id": summary.get("model"),
               "num_prompts": len(rows), "request_rate": summary.get("qps"),
               "burstiness": 1.0 if summary.get("arrival") == "poisson" else None, "max_concurrency": None,

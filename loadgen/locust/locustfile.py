@@ -86,6 +86,7 @@ def _add_options(parser: LocustArgumentParser) -> None:
     add("--endpoint", choices=("completions", "chat"), default="completions",
         help="/v1/completions or /v1/chat/completions (chat needs text: a text --workload or --specs-file)")
     add("--model", default="", help='the "model" field of each request (empty: left out)')
+    add("--no-ignore-eos", action="store_true", help="leave vLLM's ignore_eos out of each request")
     add("--vocab-size", type=int, default=2048, help="prompt token ids are drawn below this")
     add("--step-users", default="", help="StepShape: comma-separated user counts, one per step")
     add("--step-qps", default="", help="StepShape: comma-separated OpenLoopUser rates, one per step")
@@ -129,7 +130,8 @@ class ProcessRun:
 
     def send(self, client: FastHttpSession, spec: RequestSpec, intended_send_time: float) -> None:
         result = stream_completion(client, spec, _live, model=self.opts.model, intended_send_time=intended_send_time,
-                                   timeout_s=self.opts.request_timeout, endpoint=self.opts.endpoint)
+                                   timeout_s=self.opts.request_timeout, endpoint=self.opts.endpoint,
+                                   ignore_eos=not self.opts.no_ignore_eos)
         report(self.environment, self.opts.endpoint, result)
         self.record(result.record)
         if result.killed:

@@ -26,9 +26,10 @@ from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.bench_config import model_vocab_size
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
+from stallfree.loadgen.targets.openai_server import settled_shape
 from stallfree.loadgen.targets.serve_process import ServeProcess
-from stallfree.loadgen.targets.server_check import check_server
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.loadgen.targets.server_check import describe_server
+from stallfree.loadgen.workload.request_specs import RequestSpec, with_text_prompts
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 OUTPUT_DIR = "locust"  # Locust's outputs, in the run directory
@@ -42,7 +43,7 @@ def read_records(rows_dir: Path) -> list[RequestRecord]:
 
 def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: str, workers: int = 1,
                timeout_s: float = 600.0, max_in_flight: int | None = None,
-               endpoint: str = "completions") -> list[RequestRecord]:
+               endpoint: str = "completions", ignore_eos: bool = True) -> list[RequestRecord]:
     """Send ``specs`` open loop with a headless Locust run; return one record per spec, in order.
 
     out_dir receives specs.jsonl, rows/, Locust's locust_*.csv and locust.html, and locust.log.
@@ -58,7 +59,7 @@ def run_locust(url: str, specs: Sequence[RequestSpec], out_dir: Path, *, model: 
     command = [str(exe) if exe.exists() else "locust", "-f", str(LOCUSTFILE), "OpenLoopUser", "--headless",
                "--host", url, "--users", str(workers), "--spawn-rate", str(workers), "--run-time", f"{run_time}s",
                "--specs-file", str(specs_file), "--rows-dir", str(out_dir / "rows"), "--model", model,
-               "--endpoint", endpoint,
+               "--endpoint", endpoint, *([] if ignore_eos else ["--no-ignore-eos"]),
                "--request-timeout", str(timeout_s), "--max-in-flight", str(max_in_flight or 0),
                "--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust.html"),
                "--only-summary", "--exit-code-on-error", "0"]
@@ -91,12 +92,19 @@ class LocustTarget:
         t = cfg.target
         self.vocab_size = model_vocab_size(cfg)
         self._resources = contextlib.ExitStack()
+        self.engine_label = None
         if t.url is None:
             server = self._resources.enter_context(ServeProcess(cfg, log_dir))
             self.url, self.served_model, self.engine_pid = server.url, cfg.model.name, server.process.pid
         else:
             self.url, self.engine_pid = t.url.rstrip("/"), None
-            self.served_model = check_server(self.url, t.served_model)
+            described = describe_server(self.url, t.served_model)
+            self.served_model, self.engine_label = described.served_model, t.label or described.label
+        try:
+            self.request_shape, self.texts = settled_shape(cfg, self.url, self.served_model)
+        except BaseException:
+            self._resources.close()
+            raise
         self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
         self.endpoint = t.endpoint
         self.work_dir = log_dir / "locust"
@@ -107,9 +115,11 @@ class LocustTarget:
             shutil.rmtree(self.output, ignore_errors=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
+        if self.texts is not None:
+            specs = with_text_prompts(specs, self.texts)
         records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
                              timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
-                             endpoint=self.endpoint)
+                             endpoint=self.endpoint, ignore_eos=self.request_shape.ignore_eos)
         for i, record in enumerate(records):
             record.is_warmup = i < warmup
             if progress is not None:

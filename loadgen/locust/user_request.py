@@ -57,14 +57,15 @@ def _read_stream(response, record: RequestRecord, live: LiveEvents) -> int:
 
 
 def stream_completion(client: FastHttpSession, spec: RequestSpec, live: LiveEvents, *, model: str,
-                      intended_send_time: float, timeout_s: float, endpoint: str = "completions") -> StreamResult:
+                      intended_send_time: float, timeout_s: float, endpoint: str = "completions",
+                      ignore_eos: bool = True) -> StreamResult:
     """POST one streaming completion (``endpoint``: completions or chat) now and read it to the end
     (statuses as in loadgen.openai_client.client.send_request); ``live`` sees it sent and its tokens arrive."""
     record = RequestRecord.unsent(spec, intended_send_time=intended_send_time, is_warmup=False)
     record.mark_sent(time.time())
     live.sent()
     status, error, killed, response, body_bytes = "ok", None, False, None, 0
-    path, body = request(spec, model, endpoint)
+    path, body = request(spec, model, endpoint, ignore_eos)
     deadline = gevent.Timeout(timeout_s)
     deadline.start()
     try:

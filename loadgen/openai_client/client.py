@@ -132,15 +132,16 @@ def keeps_alive(headers: dict[str, str]) -> bool:
 
 
 async def send_request(client: HttpClient, spec: RequestSpec, *, model: str, intended_send_time: float,
-                       timeout_s: float, is_warmup: bool = False, endpoint: str = "completions") -> RequestRecord:
-    """POST one streaming completion (``endpoint``: completions or chat) now; return its record (never
-    raises).
+                       timeout_s: float, is_warmup: bool = False, endpoint: str = "completions",
+                       ignore_eos: bool = True) -> RequestRecord:
+    """POST one streaming completion (``endpoint``: completions or chat; ``ignore_eos`` sent or not) now;
+    return its record (never raises).
 
     status: ok (stream finished with ``data: [DONE]``), timeout (no complete response within
     timeout_s), aborted (the task was cancelled), error (anything else; the message is in ``error``).
     """
     record = RequestRecord.unsent(spec, intended_send_time=intended_send_time, is_warmup=is_warmup)
-    path, body = request(spec, model, endpoint)
+    path, body = request(spec, model, endpoint, ignore_eos)
     record.mark_sent(time.time())
     status, error = "ok", None
     try:

@@ -17,24 +17,29 @@ SERVER_FIELDS = {"arrival_time": "server_arrival_time", "first_scheduled_time": 
 CANCELLED = "cancelled while in flight"
 CANCELLED_AT_STOP = "cancelled at stop"  # a Locust test stopped (-t, Stop) with the request in flight
 NO_DONE = "stream ended without data: [DONE]"
+# failure_error's prefixes of a server that went away (refused, dropped or cut a connection) instead of answering
+CONNECTION_FAILURES = ("ConnectionRefusedError", "ConnectionResetError", "ConnectionAbortedError", "ConnectionError",
+                       "BrokenPipeError", "IncompleteReadError")
 
 
 class ResponseError(Exception):
     """The server answered, but not with a complete successful stream."""
 
 
-def request(spec: RequestSpec, model: str, endpoint: str = "completions") -> tuple[str, bytes]:
+def request(spec: RequestSpec, model: str, endpoint: str = "completions",
+            ignore_eos: bool = True) -> tuple[str, bytes]:
     """The path and body of a greedy streaming request (``model`` empty: left out). ``chat`` sends the
     spec's messages, or its text prompt as one user message; ``completions`` its text prompt when it has
     one, else its token ids. A spec without text (the warm-ups, the decode probe) always goes to
-    completions: chat needs text."""
+    completions: chat needs text. ``ignore_eos``: vLLM's extension that runs every request to max_tokens,
+    left out for a server that does not take it (loadgen.targets.server_check.probe_request_shape)."""
     if endpoint == "chat" and (spec.messages is not None or spec.prompt is not None):
         prompt = {"messages": spec.messages or [{"role": "user", "content": spec.prompt}]}
     else:
         endpoint = "completions"
         prompt = {"prompt": spec.prompt if spec.prompt is not None else spec.prompt_token_ids}
-    body = {**prompt, "max_tokens": spec.max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {**prompt, "max_tokens": spec.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}} | ({"ignore_eos": True} if ignore_eos else {})
     return ENDPOINT_PATHS[endpoint], json.dumps({"model": model, **body} if model else body).encode()
 
 
@@ -64,8 +69,11 @@ def apply_sse_event(data: bytes, received: float, record: RequestRecord) -> None
     if "error" in chunk:
         raise ResponseError(f"server error in stream: {chunk['error']}")
     record.token_times.extend([received] * tokens_in_chunk(chunk))
-    if (chunk.get("usage") or {}).get("completion_tokens") is not None:
-        record.output_tokens = chunk["usage"]["completion_tokens"]
+    usage = chunk.get("usage") or {}
+    if usage.get("completion_tokens") is not None:
+        record.output_tokens = usage["completion_tokens"]
+    if usage.get("prompt_tokens") is not None:  # the server's count of a text prompt's tokens
+        record.prompt_tokens = usage["prompt_tokens"]
     for key, value in (chunk.get("stallfree") or {}).items():
         if key in SERVER_FIELDS:
             setattr(record, SERVER_FIELDS[key], value)
@@ -78,3 +86,8 @@ def timeout_error(timeout_s: float) -> str:
 def failure_error(e: Exception) -> str:
     """The error of a request that failed with ``e``: a ResponseError's own message, else the type too."""
     return str(e) if isinstance(e, ResponseError) else f"{type(e).__name__}: {e}"
+
+
+def lost_connection(error: str | None) -> bool:
+    """Whether a failed request's error says the server went away rather than answered."""
+    return error is not None and (error.split(":")[0] in CONNECTION_FAILURES or error == NO_DONE)

@@ -19,13 +19,14 @@ from stallfree.loadgen.workload.request_specs import RequestSpec
 async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,
                         max_in_flight: int | None = None, timeout_s: float, warmup: int = 0,
                         duration_s: float | None = None, api_key: str | None = None,
-                        endpoint: str = "completions",
+                        endpoint: str = "completions", ignore_eos: bool = True,
                         progress: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
     """Send ``specs`` open loop to an OpenAI-compatible server; return one record per spec, in order.
 
     * ``max_in_flight``: at most this many requests in flight; a request due while the cap is
       reached is sent as soon as a slot frees (its schedule lag shows the wait).
-    * ``endpoint``: ``completions`` (/v1/completions) or ``chat`` (/v1/chat/completions).
+    * ``endpoint``: ``completions`` (/v1/completions) or ``chat`` (/v1/chat/completions); ``ignore_eos``:
+      whether each request carries it.
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
     * ``duration_s``: only specs with ``send_offset_s < duration_s`` belong to the run; the others
       are dropped (no records).
@@ -51,7 +52,7 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
                 async with gate:
                     record = await send_request(http, specs[i], model=model, timeout_s=timeout_s,
                                                 intended_send_time=intended[i], is_warmup=i < warmup,
-                                                endpoint=endpoint)
+                                                endpoint=endpoint, ignore_eos=ignore_eos)
             except asyncio.CancelledError:  # cancelled while waiting for a slot
                 record = unsent(i)
             if progress is not None:

@@ -47,6 +47,18 @@ def workload_tokenizer(cfg: BenchConfig):
     return load_tokenizer(str(cfg.workload.tokenizer or _model_path(cfg)))
 
 
+def prompt_tokenizer_dir(cfg: BenchConfig) -> str:
+    """The tokenizer that writes an HTTP target's text prompts of a workload's lengths: ``target.tokenizer``,
+    else ``workload.tokenizer``, else the run's model's."""
+    if cfg.target.tokenizer or cfg.workload.tokenizer:
+        return str(cfg.target.tokenizer or cfg.workload.tokenizer)
+    try:
+        return str(_model_path(cfg))
+    except ConfigError as e:
+        raise ConfigError(f"target.tokenizer: text prompts need a tokenizer ({e}); set target.tokenizer=DIR, "
+                          "or target.token_ids=true for a server that takes token ids") from None
+
+
 def model_vocab_size(cfg: BenchConfig) -> int:
     """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json or,
     for a simulated deployment, its model shape."""

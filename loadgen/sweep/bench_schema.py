@@ -28,6 +28,7 @@ from stallfree.engine.hydra_groups import (
 
 MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
+AUTO_SWITCH = ("auto", "true", "false")
 G = TypeVar("G")
 
 
@@ -80,6 +81,9 @@ class TargetGroup:
     max_in_flight: int | None = None
     endpoint: str | None = None  # None: no HTTP (inprocess)
     client_nice: int = 0  # http: the client replays this much nicer than the bench, giving way to its server
+    token_ids: str = "auto"  # HTTP: token-id prompts (true), text (false), or token ids when the server takes them
+    ignore_eos: str = "auto"  # HTTP: send ignore_eos (true), never (false), or when the server takes it
+    tokenizer: str | None = None  # url, locust: text prompts of the workload's lengths (None: the workload's)
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
@@ -92,6 +96,16 @@ class TargetGroup:
         require(self.endpoint is None or self.endpoint in ENDPOINT_PATHS, "target.endpoint",
                 f"one of {sorted(ENDPOINT_PATHS)}", self.endpoint)
         require(0 <= self.client_nice <= 19, "target.client_nice", "an integer in [0, 19]", self.client_nice)
+        for key in ("token_ids", "ignore_eos"):  # YAML's true / false arrive as "True" / "False"
+            setattr(self, key, str(getattr(self, key)).lower())
+            require(getattr(self, key) in AUTO_SWITCH, f"target.{key}", "auto, true or false", getattr(self, key))
+        require(self.tokenizer is None or Path(self.tokenizer).expanduser().is_dir(), "target.tokenizer",
+                "a tokenizer directory or null", self.tokenizer)
+
+    def switch(self, key: str) -> str | bool:
+        """``token_ids`` / ``ignore_eos`` as loadgen.targets.server_check.probe_request_shape takes it."""
+        value = getattr(self, key)
+        return value if value == "auto" else value == "true"
 
 
 @dataclass

@@ -9,7 +9,9 @@ Invariant: every passing point is <= lo < hi <= every failing point. Results go 
 slo_tbt_ms, capacity_qps (mean over repeats), capacity_ci_lo / capacity_ci_hi (its 95% interval),
 ..., points} rebuilt from one file per search in ``.capacity/``.
 
-``stallfree-capacity ARGS`` is ``stallfree-bench +experiment=capacity ARGS``.
+``stallfree-capacity ARGS`` is ``stallfree-bench +experiment=capacity ARGS``. On a running server
+(``target.url``) the preset's scheduler values name the same search (the bench's scheduler does not
+configure that server): a job whose search this process already ran says so in one line and returns it.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
+_searched: dict[str, str] = {}  # the searches this process ran: record key -> the job that ran it
 
 
 @dataclass
@@ -152,13 +155,20 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     """Search the capacity of the config's scheduler / chunk size under its SLO, once per repeat (seeds
     seed, seed + 1, ...); record and return it with the mean capacity and its 95% interval."""
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name
+    plan = plan_run(cfg, capacity_slo=cfg.slo.name)
+    key = make_run_id({"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
+                       "slo": cfg.slo.name, "cfg": plan.digest})
+    job = f"scheduler={cfg.scheduler.name} slo={cfg.slo.name}"
+    if key in _searched:
+        print(f"[capacity] {job}: same search as {_searched[key]} ({plan.params['scheduler']}), not run again",
+              flush=True)
+        return json.loads((exp_dir / ".capacity" / f"{key}.json").read_text())
     slo = resolve_slo(cfg, exp_dir, targets)
     max_delay_ms = cfg.capacity.max_p50_scheduling_delay_s * 1e3
     results = [_search_one(repeat_cfg, targets, slo, max_delay_ms, repeat)
                for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
     interval = mean_interval([r.capacity_qps for r in results])
     first = results[0]
-    plan = plan_run(cfg, capacity_slo=cfg.slo.name)
     record = {"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"], **slo,
               "capacity_qps": interval.mean, "capacity_ci_lo": interval.lo, "capacity_ci_hi": interval.hi,
               "capacity_qps_repeats": [r.capacity_qps for r in results],
@@ -166,14 +176,14 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
               "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": cfg.capacity.tolerance,
               **{k: plan.params[k] for k in RUN_PARAMS},
               "points": [asdict(p) for r in results for p in r.points]}
-    key = make_run_id({"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
-                       "slo": cfg.slo.name, "cfg": plan.digest})
     with experiment_lock(exp_dir):
         _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
         rebuild_capacity_json(exp_dir)
+    _searched[key] = job
     bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
     spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
-    print(f"[capacity] {plan.params['scheduler']} chunk_size={plan.params['chunk_size']} slo={cfg.slo.name} "
+    chunk = "" if plan.params["chunk_size"] is None else f" chunk_size={plan.params['chunk_size']}"
+    print(f"[capacity] {plan.params['scheduler']}{chunk} slo={cfg.slo.name} "
           f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {interval.mean:g} qps{spread}{bound}, "
           f"{sum(len(r.points) for r in results)} points", flush=True)
     return record

@@ -1,5 +1,6 @@
 """The live target of a sweep: kept across runs while the server-side config (target kind and URL, or
-model / scheduler / chunk_size) stays the same, and replaced, after a short warm-up, when it changes."""
+model / scheduler / chunk_size) and the request shape (target.token_ids, ignore_eos, tokenizer) stay the
+same, and replaced, after a short warm-up, when they change."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,8 @@ class LiveTarget:
 
     def get(self, cfg: BenchConfig, log_dir: Path) -> Target:
         """The run's target, reusing the open one when its server-side config is the same."""
-        key = digest([cfg.target.kind, cfg.target.url or dataclasses.asdict(engine_config(cfg))])
+        t = cfg.target  # the request shape is settled when a target is made: a new shape makes a new target
+        key = digest([t.kind, t.url or dataclasses.asdict(engine_config(cfg)), t.token_ids, t.ignore_eos, t.tokenizer])
         if self._target is None or key != self._key:
             self.close()
             target = target_class(cfg.target.kind)(cfg, log_dir)

@@ -1,10 +1,13 @@
 """Run planning: where a run's results go and what identifies it.
 
 The run id names the swept knobs (scheduler, chunk_size, qps) plus a hash of everything else that
-shapes the measurement, so a changed setting never reuses a stale run.
+shapes the measurement, so a changed setting never reuses a stale run. A server the bench did not start
+(``target.url``) is named by its label instead (``engine=vllm-0.32.0-url,qps=...``): the bench's engine knobs
+did not configure it, so they are neither in its id nor in its config.yaml.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from stallfree.loadgen.sweep.bench_config import chunk_size, digest
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 MEASURED_SECTIONS = ("model", "scheduler", "workload", "arrival", "target", "num_requests", "warmup", "seed")
+SERVER_SECTIONS = tuple(key for key in MEASURED_SECTIONS if key not in ("model", "scheduler"))
 
 
 @dataclass
@@ -21,24 +25,52 @@ class RunPlan:
     run_id: str
     digest: str  # hash of the measured settings other than the swept knobs in the run id
     params: dict  # run parameters, the first keys of summary.json (point_id: the same for every seed)
+    config: dict  # what config.yaml records: the composed config, a running server's without engine knobs
 
     @property
     def run_dir(self) -> Path:
         return self.exp_dir / self.run_id
 
 
-def server_label(cfg: BenchConfig) -> str | None:
-    """A server the bench did not start (``target.url``) is labelled with what the bench knows of it:
-    ``target.label``, else the model it serves (``target.served_model``, else its /v1/models id), not with
-    the bench's scheduler and chunk size, which did not configure it. None for a server the bench runs."""
-    url = cfg.target.url
+ENGINE_KNOBS = ("model", "scheduler", "chunk_size")  # configure an engine the bench runs, not a server elsewhere
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """A server the bench did not start (``target.url``): what names its runs."""
+
+    label: str  # target.label, else what the server says it is (loadgen.targets.server_check.ServerInfo.label)
+    served_model: str  # target.served_model, else the server's only model
+
+    @property
+    def slug(self) -> str:
+        """The label as a run id part: ``vllm 0.32.0 (url)`` -> ``vllm-0.32.0-url``."""
+        return re.sub(r"[^A-Za-z0-9.]+", "-", self.label).strip("-")
+
+
+def server_identity(cfg: BenchConfig) -> ServerIdentity | None:
+    """A running server (``target.url``) is identified by its label and the model it serves, not by the
+    bench's scheduler, chunk size and model, which did not configure it; the server is asked only for what
+    ``target.label`` / ``target.served_model`` leave open. None for a server the bench runs."""
+    url, t = cfg.target.url, cfg.target
     if url is None:
         return None
-    if cfg.target.label:
-        return cfg.target.label
-    from stallfree.loadgen.targets.server_check import check_server
+    if t.label and t.served_model:
+        return ServerIdentity(t.label, t.served_model)
+    from stallfree.loadgen.targets.server_check import describe_server
 
-    return check_server(url.rstrip("/"), cfg.target.served_model)
+    server = describe_server(url.rstrip("/"), t.served_model)
+    return ServerIdentity(t.label or server.label, server.served_model)
+
+
+def _server_config(cfg: BenchConfig, server: ServerIdentity) -> dict:
+    """A running server's run config: the target as the run saw it, its workload and load, no engine knobs.
+    ``prompt_tokenizer`` names what writes the text prompts of a workload of lengths (the model's, when
+    no tokenizer is set, only for that)."""
+    composed = {k: v for k, v in cfg.composed.items() if k not in ENGINE_KNOBS}
+    target = {**composed["target"], "label": server.label, "served_model": server.served_model}
+    return composed | {"target": target,
+                       "prompt_tokenizer": cfg.target.tokenizer or cfg.workload.tokenizer or cfg.model.name}
 
 
 def engine_dtype(cfg: BenchConfig) -> str:
@@ -52,25 +84,32 @@ def engine_dtype(cfg: BenchConfig) -> str:
 def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
     (not the SLO, which only changes the summary, except for the points of a capacity search), as composed
-    (BenchConfig.composed), so a run keeps its id across versions of the schema.
+    (BenchConfig.composed), so a run keeps its id across versions of the schema; a running server's
+    (``target.url``) hashes its config without engine knobs (``_server_config``) and is named by its label.
     ``rerun``: the second measurement of a disturbed point, a run of its own (``rerun=1`` in the id)."""
-    measured = {key: cfg.composed[key] for key in MEASURED_SECTIONS}
+    server = server_identity(cfg)
+    if server is None:
+        config = cfg.composed
+        measured = {key: cfg.composed[key] for key in MEASURED_SECTIONS} | {"chunk_size": chunk_size(cfg)}
+        point = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg)}
+        labels = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), "model": cfg.model.name}
+    else:
+        config = _server_config(cfg, server)
+        measured = {key: config[key] for key in (*SERVER_SECTIONS, "prompt_tokenizer")}
+        point = {"engine": server.slug}
+        labels = {"scheduler": server.label, "chunk_size": None, "model": server.served_model,
+                  "engine_label": server.label}
     measured["arrival"] = {k: v for k, v in measured["arrival"].items() if k != "qps"}  # in the id itself
-    measured["chunk_size"] = chunk_size(cfg)
-    label = server_label(cfg)
-    if label is not None:  # the bench's scheduler and chunk size do not apply to it
-        measured["scheduler"] = measured["chunk_size"] = None
     settings_digest = digest(measured)
-    point = ({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg)} if label is None
-             else {"scheduler": label, "chunk_size": None}) | {"qps": cfg.qps}
+    point["qps"] = cfg.qps
     point_id = make_run_id({**point, "cfg": digest({k: v for k, v in measured.items() if k != "seed"})})
-    params = {**point, "point_id": point_id, "model": cfg.model.name,
-              "dtype": None if label is not None else engine_dtype(cfg),  # a server's own: unknown here
-              "target": cfg.target.kind, "workload": cfg.workload.name,
-              "arrival": cfg.arrival.kind, "seed": cfg.seed, "num_requests": cfg.num_requests}
+    params = {**labels, "qps": cfg.qps, "point_id": point_id,
+              "dtype": None if server is not None else engine_dtype(cfg),  # a server's own: unknown here
+              "target": cfg.target.kind, "workload": cfg.workload.name, "arrival": cfg.arrival.kind,
+              "seed": cfg.seed, "num_requests": cfg.num_requests}
     if capacity_slo is not None:
         point["slo"] = params["capacity_search"] = capacity_slo
     if rerun:
         point["rerun"] = params["rerun"] = 1
     return RunPlan(Path(cfg.results_dir) / cfg.experiment_name, make_run_id({**point, "cfg": settings_digest}),
-                   settings_digest, params)
+                   settings_digest, params, config)

@@ -2,8 +2,13 @@
 rebuild the experiment's summary.parquet. A run whose directory already holds summary.json is read
 back instead (resume); a directory without it (an interrupted write) is measured again. Jobs running
 in parallel (joblib, SLURM) write and rebuild under the experiment's lock (loadgen.sweep.experiment_lock).
-``rerun=disturbed`` measures a complete run again when it (or its SLO reference) was disturbed,
-``rerun=all`` (``--force``) every run."""
+``rerun=disturbed`` measures a complete run again when it (or its SLO reference) was disturbed or the
+target failed during it, ``rerun=all`` (``--force``) every run.
+
+A target that dies during a run leaves every request a row (status ``error``, its cause); the run is kept,
+marked ``failed_run`` with its ``failed_reason``, and the sweep goes on. Only a run none of whose requests
+completed is a TargetError. What each request carried (``prompt_form``, ``ignore_eos``) and how many ended
+before max_tokens (loadgen.results.output_lengths) are in the summary."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +17,9 @@ import time
 
 from tqdm import tqdm
 
+from stallfree.loadgen.openai_client.completions import lost_connection
+from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
+from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
 from stallfree.loadgen.results.run_dir import (
     is_complete,
@@ -42,12 +50,27 @@ def _disturbed_text(s: dict) -> str:
 
 
 def _report(status: str, plan: RunPlan, s: dict) -> None:
+    if s.get("failed_run"):
+        status = "failed"
     print(f"[{status}] {plan.run_id}: {s['completed']} ok / {s['failed']} failed, "
           f"p99 TBT {_fmt(s['p99_tbt_ms'])} ms (SLO {_fmt(s['slo_tbt_ms'], '.0f')}, {reference_text(s)}), "
           f"median TTFT {_fmt(s['median_ttft_ms'])} ms, {_fmt(s['output_throughput'])} tok/s"
           + (" [client fell behind]" if s["client_fell_behind"] else "")
-          + (_disturbed_text(s) if s.get("disturbed") else ""),
+          + (_disturbed_text(s) if s.get("disturbed") else "")
+          + (f" [failed run: {s['failed_reason']}]" if s.get("failed_run") else ""),
           flush=True)
+    if (warning := early_stop_warning(s)) is not None:
+        print(f"  {warning}", flush=True)
+
+
+def target_failure(records: list[RequestRecord]) -> str | None:
+    """Why the run failed as a whole, in one line: requests lost their connection (a target that died or
+    dropped them); None when every failure was an answer of the target's."""
+    lost = [r for r in records if r.status == "error" and lost_connection(r.error)]
+    if not lost:
+        return None
+    return (f"{len(lost)} of {len(records)} requests lost the connection to the target (the first: "
+            f"{lost[0].error}); did it die?")
 
 
 def repeat_configs(cfg: BenchConfig) -> list[BenchConfig]:
@@ -82,7 +105,7 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0)
 
 def must_rerun(rerun: str, summary: dict) -> bool:
     """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again."""
-    disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed"))
+    disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed") or summary.get("failed_run"))
     return rerun == "all" or (rerun == "disturbed" and disturbed)
 
 
@@ -122,9 +145,13 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
         raise TargetError(f"all {len(replay.records)} requests of {plan.run_id} failed (the first: "
                           f"{replay.records[0].error}); check the target (a server that died? its log is in "
                           f"{plan.exp_dir / '.logs'}). Nothing recorded")
+    failure = target_failure(replay.records)
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
+               "prompt_form": target.request_shape.prompt_form, "ignore_eos": target.request_shape.ignore_eos,
+               "failed_run": failure is not None, "failed_reason": failure,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
                            slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
+               **output_length_summary(replay.records),
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
                **dataclasses.asdict(where)}
@@ -132,7 +159,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
         if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
             summary = _read_summary(plan)
         else:
-            run_dir = write_run(plan.exp_dir, plan.run_id, config=cfg.composed,
+            run_dir = write_run(plan.exp_dir, plan.run_id, config=plan.config,
                                 requests=replay.records, summary=summary, batches=replay.batches)
             target.finalize(run_dir)
         rebuild_experiment_summary(plan.exp_dir)

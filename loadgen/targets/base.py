@@ -17,6 +17,21 @@ if TYPE_CHECKING:
 Progress = Callable[[RequestRecord], None]
 
 
+@dataclass(frozen=True)
+class RequestShape:
+    """What each request carries: a token-id prompt (else text) and ``ignore_eos``."""
+
+    token_ids: bool
+    ignore_eos: bool
+
+    @property
+    def prompt_form(self) -> str:
+        return "token_ids" if self.token_ids else "text"
+
+
+ENGINE_SHAPE = RequestShape(token_ids=True, ignore_eos=True)  # an engine in this process takes both
+
+
 @dataclass
 class Replay:
     records: list[RequestRecord]  # one per spec, in spec order
@@ -29,6 +44,8 @@ class Target(Protocol):
     vocab_size: int  # prompt token ids are drawn below it
     engine_pid: int | None  # the engine's process on this machine (its CPU share is measured), else None
     client_nice: int  # added to the calling thread's nice value for the load generator while it replays
+    request_shape: RequestShape  # what each request carries (loadgen.targets.server_check.probe_request_shape)
+    engine_label: str | None  # a server the bench did not start: what it says it is (ServerInfo.label)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         """Send the specs on their schedule; the first ``warmup`` records are marked is_warmup."""

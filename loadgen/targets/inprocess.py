@@ -23,7 +23,7 @@ from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.sweep.bench_config import engine_config, model_vocab_size
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
-from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
+from stallfree.loadgen.targets.base import ENGINE_SHAPE, TARGETS, Progress, Replay
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ class InProcessTarget:
     """target=inprocess: an LLMEngine of the run's server-side config (this imports torch)."""
 
     client_nice = 0  # the load generator runs in the engine's thread: lowering it would lower the engine
+    request_shape, engine_label = ENGINE_SHAPE, None
 
     def __init__(self, cfg: BenchConfig, log_dir: Path):
         from stallfree.engine import LLMEngine

@@ -1,6 +1,10 @@
 """Targets that replay open loop over HTTP (loadgen.openai_client.openloop) on an OpenAI-compatible server:
 ``target=url``, a server already running, and ``target=http``, a ``stallfree-serve`` started for the
-run, whose engine iterations are recorded too (batches.parquet)."""
+run, whose engine iterations are recorded too (batches.parquet).
+
+Each request's shape is settled once, when the target is made (loadgen.targets.server_check.probe_request_shape):
+text prompts unless token ids are asked for and taken (a spec without text gets one of its prompt length,
+loadgen.workload.request_specs.with_text_prompts), ``ignore_eos`` only where the server takes it."""
 from __future__ import annotations
 
 import contextlib
@@ -10,21 +14,33 @@ from pathlib import Path
 
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.sweep.bench_config import model_vocab_size
+from stallfree.loadgen.sweep.bench_config import model_vocab_size, prompt_tokenizer_dir
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
-from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
+from stallfree.loadgen.targets.base import TARGETS, Progress, Replay, RequestShape
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
-from stallfree.loadgen.targets.server_check import check_server
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.loadgen.targets.server_check import describe_server, probe_request_shape
+from stallfree.loadgen.workload.request_specs import RequestSpec, with_text_prompts
+from stallfree.loadgen.workload.text_prompts import LengthTexts, load_tokenizer
+
+
+def settled_shape(cfg: BenchConfig, url: str, served_model: str) -> tuple[RequestShape, LengthTexts | None]:
+    """The request shape ``url`` takes (``target.token_ids`` / ``target.ignore_eos``, ``auto`` probed) and,
+    for text prompts, what writes them."""
+    shape = probe_request_shape(url, served_model, cfg.target.switch("token_ids"), cfg.target.switch("ignore_eos"))
+    return shape, None if shape.token_ids else LengthTexts(load_tokenizer(prompt_tokenizer_dir(cfg)))
 
 
 class _OpenLoopHttpTarget:
-    """Sends to ``self.url`` (set by the subclass) with ``served_model`` as each request's "model"."""
+    """Sends to ``self.url`` (set by the subclass, which settles ``shape``) with ``served_model`` as each
+    request's "model"."""
 
     url: str
     engine_pid: int | None = None  # a server elsewhere: its CPU is not measured
     client_nice = 0  # a server elsewhere may not share our CPUs: nothing to give way to
+    engine_label: str | None = None  # a server the bench did not start: what it says it is
+    request_shape: RequestShape
+    texts: LengthTexts | None  # writes the text prompts of specs without text (None: token ids are sent)
 
     def __init__(self, cfg: BenchConfig, served_model: str):
         self.served_model = served_model
@@ -33,9 +49,12 @@ class _OpenLoopHttpTarget:
         self.endpoint = cfg.target.endpoint
 
     def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
+        if self.texts is not None:
+            specs = with_text_prompts(specs, self.texts)
         return run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
                                   timeout_s=self.timeout_s, warmup=warmup, progress=progress,
-                                  endpoint=self.endpoint, nice=self.client_nice)
+                                  endpoint=self.endpoint, ignore_eos=self.request_shape.ignore_eos,
+                                  nice=self.client_nice)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         return Replay(self.send(specs, warmup=warmup, progress=progress), None)
@@ -53,7 +72,10 @@ class UrlTarget(_OpenLoopHttpTarget):
 
     def __init__(self, cfg: BenchConfig, log_dir: Path):
         self.url = cfg.target.url.rstrip("/")
-        super().__init__(cfg, check_server(self.url, cfg.target.served_model))
+        server = describe_server(self.url, cfg.target.served_model)
+        super().__init__(cfg, server.served_model)
+        self.engine_label = cfg.target.label or server.label
+        self.request_shape, self.texts = settled_shape(cfg, self.url, self.served_model)
 
 
 @TARGETS.register("http")
@@ -66,6 +88,11 @@ class HttpTarget(_OpenLoopHttpTarget):
         self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
         self.url, self.engine_pid = self.server.url, self.server.process.pid
         self.client_nice = cfg.target.client_nice  # the engine shares our CPUs: the client gives way to it
+        try:
+            self.request_shape, self.texts = settled_shape(cfg, self.url, self.served_model)
+        except BaseException:
+            self.close()
+            raise
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         poller = BatchPoller(self.url, since=time.time())

@@ -9,16 +9,17 @@ same requests at different rates.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from stallfree.engine.hydra_groups import is_int, is_number, require
-from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, Tokenizer, take
+from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, LengthTexts, Tokenizer, take
 
 TRACES_DIR = Path(__file__).parent / "traces"
 
@@ -250,3 +251,16 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
                         prompt_token_ids=tokens[starts[i]:starts[i + 1]].tolist(),
                         max_tokens=int(output_lens[i]))
             for i in range(num_requests)]
+
+
+def with_text_prompts(specs: Sequence[RequestSpec], texts: LengthTexts) -> list[RequestSpec]:
+    """The specs with a text prompt of their prompt length where they have none (a workload of lengths,
+    the warm-ups, the decode probe), for a server that takes text only. Each text starts at a corpus
+    position drawn from the spec's own token ids, so the same spec always gets the same text."""
+    def texted(spec: RequestSpec) -> RequestSpec:
+        if spec.prompt is not None or spec.messages is not None:
+            return spec
+        prompt, ids = texts.prompt(len(spec.prompt_token_ids), int(sum(spec.prompt_token_ids)))
+        return dataclasses.replace(spec, prompt=prompt, prompt_token_ids=ids)
+
+    return [texted(spec) for spec in specs]

@@ -7,6 +7,9 @@ are counted with the target model's tokenizer.
 * ``sonnet``: prompts of about ``input_len`` tokens cut from the bundled Shakespeare sonnets, a shared
   prefix of the first lines plus randomly drawn lines (as vLLM's ``sonnet`` dataset).
 
+``LengthTexts`` gives a workload of lengths only text prompts of its exact token counts, for servers that
+take text alone (loadgen.workload.request_specs.with_text_prompts).
+
 Each kind is a function ``(rng, tokenizer, **settings)`` yielding TextRequests in the order they are
 taken; loadgen.workload.request_specs keeps the first ``num_requests`` that fit ``max_total_tokens``.
 """
@@ -27,10 +30,13 @@ from stallfree.engine.hydra_groups import ConfigError, is_int, require
 TEXTS_DIR = Path(__file__).parent / "texts"
 SONNET_INSTRUCTION = "Pick as many lines as you can from these poem lines:\n"
 MAX_CANDIDATES_PER_REQUEST = 50
+LENGTH_ATTEMPTS = 4  # re-cuts of a text prompt whose decoded window counts other than the length asked
 
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
 
 
 @dataclass
@@ -122,6 +128,33 @@ def sonnet(rng: np.random.Generator, tokenizer: Tokenizer, input_len: int = 550,
         drawn = rng.choice(len(lines), size=num_input - num_prefix)
         prompt = SONNET_INSTRUCTION + prefix + "".join(lines[i] for i in drawn)
         yield TextRequest(prompt, None, tokenizer.encode(prompt), output_len)
+
+
+class LengthTexts:
+    """Text prompts of a given token count: a window of the bundled sonnets' tokens (read cyclically)
+    decoded to text. A decoded window can count differently once encoded again (tokens merge across
+    the cut, the special tokens the encoder adds), so it is cut again by the difference, up to
+    LENGTH_ATTEMPTS times; ``prompt`` returns the text and its final encoding, whose length is the
+    request's prompt length (the server's own count lands in the run's requests as its usage says)."""
+
+    def __init__(self, tokenizer: Tokenizer, path: Path = TEXTS_DIR / "sonnets.txt"):
+        self.tokenizer = tokenizer
+        self.corpus = np.asarray(tokenizer.encode(path.read_text(), add_special_tokens=False))
+        self.special = len(tokenizer.encode("a")) - len(tokenizer.encode("a", add_special_tokens=False))
+
+    def _window(self, start: int, size: int) -> list[int]:
+        return np.take(self.corpus, np.arange(start, start + size), mode="wrap").tolist()
+
+    def prompt(self, length: int, start: int) -> tuple[str, list[int]]:
+        """A text of ``length`` tokens (as exact as LENGTH_ATTEMPTS cuts make it) from corpus token ``start``."""
+        size = max(1, length - self.special)
+        for _ in range(LENGTH_ATTEMPTS):
+            text = self.tokenizer.decode(self._window(start, size))
+            ids = self.tokenizer.encode(text)
+            if len(ids) == length:
+                break
+            size = max(1, size + length - len(ids))
+        return text, ids
 
 
 TEXT_WORKLOADS: dict[str, Callable[..., Iterator[TextRequest]]] = {

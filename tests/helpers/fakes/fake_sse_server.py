@@ -8,7 +8,13 @@ share a core or the GIL with the load generator under test:
     python tests/helpers/fakes/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
 
 ``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
-``GET /v1/models`` lists one model, ``FAKE_MODEL``.
+
+It describes itself as a server elsewhere does: ``GET /version`` answers ``{"version": VERSION}``, ``GET /v1/models``
+lists MODEL owned by OWNER, and every response carries a ``Server`` header. Behaviours of servers other than
+stallfree's, for the harness's tests: ``--stop-after N`` ends every stream after at most N tokens (finish_reason
+"stop"), as a server that ignores ``ignore_eos`` does; ``--reject-token-ids`` / ``--reject-ignore-eos`` answer a
+token-id prompt / an ``ignore_eos`` field with an OpenAI-style HTTP 400; ``--die-after N`` exits the process
+when completion request N + 1 arrives (every connection drops).
 """
 from __future__ import annotations
 
@@ -21,12 +27,44 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 ERROR_MODEL_PREFIX = "fake-status-"
-FAKE_MODEL = "fake"
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
+
+
+@dataclass
+class FakeBehaviour:
+    """How the fake describes itself and which requests it refuses (see the module docstring)."""
+
+    model: str = "fake-model"
+    owned_by: str = "fake-engine"
+    version: str = "1.2.3"
+    server_header: str = "fake-engine/1.2.3"
+    stop_after: int | None = None
+    reject_token_ids: bool = False
+    reject_ignore_eos: bool = False
+    die_after: int | None = None
+    completions_seen: int = 0
+
+    def args(self) -> list[str]:
+        """The command-line flags that make a fake server behave so."""
+        flags = ["--model", self.model, "--owned-by", self.owned_by, "--version", self.version,
+                 "--server-header", self.server_header]
+        flags += ["--stop-after", str(self.stop_after)] if self.stop_after is not None else []
+        flags += ["--die-after", str(self.die_after)] if self.die_after is not None else []
+        flags += ["--reject-token-ids"] * self.reject_token_ids + ["--reject-ignore-eos"] * self.reject_ignore_eos
+        return flags
+
+    def rejection(self, request: dict) -> str | None:
+        """Why this request shape is refused (None: it is not)."""
+        if self.reject_token_ids and isinstance(request.get("prompt"), list):
+            return "prompt must be a string"
+        if self.reject_ignore_eos and "ignore_eos" in request:
+            return "Unrecognized request argument supplied: ignore_eos"
+        return None
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -34,59 +72,86 @@ def _sse(obj: dict | str) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"  # one HTTP chunk per SSE event
 
 
-async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: float, tbt_s: float) -> None:
+def _prompt_tokens(prompt: list | str) -> int:
+    """A token-id prompt's length; a text prompt counts one token per word (the fake has no tokenizer)."""
+    return len(prompt) if isinstance(prompt, list) else len(prompt.split())
+
+
+async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: float, tbt_s: float,
+                         behaviour: FakeBehaviour) -> None:
     loop = asyncio.get_running_loop()
     arrival, start = time.time(), loop.time()
-    n = int(request.get("max_tokens", 16))
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    requested = int(request.get("max_tokens", 16))
+    n = requested if behaviour.stop_after is None else min(requested, behaviour.stop_after)
+    finish_reason = "length" if n == requested else "stop"
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+                 + f"server: {behaviour.server_header}\r\n\r\n".encode())
     token_times = []
     for i in range(n):
         await asyncio.sleep(max(0.0, start + ttft_s + i * tbt_s - loop.time() - TIMER_ROUNDING_S))
-        choice = {"index": 0, "text": " tok", "logprobs": None, "finish_reason": "length" if i == n - 1 else None}
+        choice = {"index": 0, "text": " tok", "logprobs": None, "finish_reason": finish_reason if i == n - 1 else None}
         token_times.append(time.time())
         writer.write(_sse({"object": "text_completion", "model": request["model"], "choices": [choice]}))
         await writer.drain()  # raises once the client has gone
-    usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": n,
-             "total_tokens": len(request["prompt"]) + n}
+    prompt_tokens = _prompt_tokens(request.get("prompt") or " ".join(m["content"] for m in request["messages"]))
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
     timings = {"arrival_time": arrival, "first_scheduled_time": arrival, "token_times": token_times,
                "finish_time": time.time(), "num_preemptions": 0}
     final = {"object": "text_completion", "choices": [], "usage": usage, "stallfree": timings}
     writer.write(_sse(final) + _sse("[DONE]") + b"0\r\n\r\n")
 
 
-def _models_response() -> bytes:
-    body = json.dumps({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}).encode()
-    return f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+def _json_response(status: int, value: dict, server_header: str = "fake") -> bytes:
+    body = json.dumps(value).encode()
+    return (f"HTTP/1.1 {status} {'OK' if status == 200 else 'Fake Error'}\r\ncontent-type: application/json\r\n"
+            f"server: {server_header}\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
 
 
-def _error_response(status: int) -> bytes:
-    body = json.dumps({"error": {"message": f"fake error {status}", "type": "fake", "code": status}}).encode()
-    return (f"HTTP/1.1 {status} Fake Error\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+def _error_response(status: int, message: str | None = None) -> bytes:
+    error = {"message": message or f"fake error {status}", "type": "BadRequestError" if status == 400 else "fake",
+             "param": None, "code": status}
+    return _json_response(status, {"error": error})
+
+
+def _describe(path: str, behaviour: FakeBehaviour) -> bytes:
+    """The answer to a GET: /version, /v1/models, else 404."""
+    if path == "/version":
+        return _json_response(200, {"version": behaviour.version}, behaviour.server_header)
+    if path == "/v1/models":
+        models = [{"id": behaviour.model, "object": "model", "owned_by": behaviour.owned_by}]
+        return _json_response(200, {"object": "list", "data": models}, behaviour.server_header)
+    return _error_response(404)
 
 
 async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            ttft_s: float, tbt_s: float) -> None:
+                            ttft_s: float, tbt_s: float, behaviour: FakeBehaviour) -> None:
     with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
         while True:  # keep-alive: one request after another on this connection
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            method, path = (head.split(" ", 2) + ["", ""])[:2]
             length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
                            if line.startswith("content-length:")), 0)
             request = json.loads(await reader.readexactly(length)) if length else {}
             model = request.get("model", "")
-            if head.startswith("get /v1/models "):
-                writer.write(_models_response())
+            if method == "get":
+                writer.write(_describe(path, behaviour))
             elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))
+            elif (reason := behaviour.rejection(request)) is not None:
+                writer.write(_error_response(400, reason))
             else:
-                await _stream_tokens(writer, request, ttft_s, tbt_s)
+                behaviour.completions_seen += 1
+                if behaviour.die_after is not None and behaviour.completions_seen > behaviour.die_after:
+                    os._exit(1)  # a server that dies: every connection drops at once
+                await _stream_tokens(writer, request, ttft_s, tbt_s, behaviour)
             await writer.drain()
     writer.close()
 
 
-async def _main(ttft_ms: float, tbt_ms: float) -> None:
+async def _main(ttft_ms: float, tbt_ms: float, behaviour: FakeBehaviour) -> None:
     server = await asyncio.start_server(
-        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3), "127.0.0.1", 0, backlog=1024)
+        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, behaviour), "127.0.0.1", 0,
+        backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()
 
@@ -112,10 +177,11 @@ def realtime_priority() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0) -> Iterator[str]:
+def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0,
+                        behaviour: FakeBehaviour | None = None) -> Iterator[str]:
     """Start the fake in a subprocess; yield its base URL; stop it on exit."""
-    proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms),
+                             *(behaviour or FakeBehaviour()).args()], stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline().split()[1])
         yield f"http://127.0.0.1:{port}"
@@ -128,6 +194,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--tbt-ms", type=float, default=5.0)
+    parser.add_argument("--model", default=FakeBehaviour.model)
+    parser.add_argument("--owned-by", default=FakeBehaviour.owned_by)
+    parser.add_argument("--version", default=FakeBehaviour.version)
+    parser.add_argument("--server-header", default=FakeBehaviour.server_header)
+    parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--die-after", type=int, default=None)
+    parser.add_argument("--reject-token-ids", action="store_true")
+    parser.add_argument("--reject-ignore-eos", action="store_true")
     args = parser.parse_args()
+    fake = FakeBehaviour(args.model, args.owned_by, args.version, args.server_header, args.stop_after,
+                         args.reject_token_ids, args.reject_ignore_eos, args.die_after)
     with realtime_priority():
-        asyncio.run(_main(args.ttft_ms, args.tbt_ms))
+        asyncio.run(_main(args.ttft_ms, args.tbt_ms, fake))

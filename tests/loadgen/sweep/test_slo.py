@@ -92,13 +92,13 @@ def test_a_pinned_or_modelled_reference_runs_no_probe(tmp_path):
     assert (absolute["slo_tbt_ms"], absolute["slo_reference_method"]) == (300.0, "absolute")
 
 
-def test_a_running_server_is_labelled_by_its_model_id_or_label_not_bench_defaults():
+def test_a_running_server_is_labelled_by_what_it_says_or_its_label_not_bench_defaults():
     from stallfree.engine.server import start_server
     from stallfree.loadgen.sweep.plan import plan_run
 
     with start_server({"model": "tiny", "dtype": "float32"}) as server:
         plan = plan_run(config("target=url", f"target.url={server.url}", "scheduler=sarathi", "chunk_size=512"))
-        assert (plan.params["scheduler"], plan.params["chunk_size"]) == ("tiny", None)
-        assert plan.run_id.startswith("scheduler=tiny,chunk_size=None,qps=1.0")
+        assert (plan.params["scheduler"], plan.params["chunk_size"]) == ("stallfree (url)", None)
+        assert plan.run_id.startswith("engine=stallfree-url,qps=1.0")
         labelled = plan_run(config("target=url", f"target.url={server.url}", "target.label=vllm-0.6"))
-        assert labelled.params["scheduler"] == "vllm-0.6"
+        assert labelled.params["scheduler"] == labelled.params["engine_label"] == "vllm-0.6"

@@ -77,3 +77,19 @@ def test_sonnet_prompts_over_the_limit_end_in_an_error_not_a_hang(tokenizer):
     with pytest.raises(ConfigError, match="num_requests"):
         _build({"kind": "sonnet", "input_len": 200, "prefix_len": 60, "output_len": 16}, 2, tokenizer,
                max_total_tokens=100)
+
+
+def test_text_prompts_of_a_workload_of_lengths_count_exactly_and_are_stable(tokenizer):
+    from stallfree.loadgen.workload.request_specs import with_text_prompts
+    from stallfree.loadgen.workload.text_prompts import LengthTexts
+
+    texts = LengthTexts(tokenizer)
+    specs = build_workload(POISSON, {"kind": "uniform", "prompt_lo": 1, "prompt_hi": 2000, "output_lo": 1,
+                                     "output_hi": 4}, 40, 0, 1000)
+    texted = with_text_prompts(specs, texts)
+    for spec, text in zip(specs, texted, strict=True):
+        assert len(tokenizer.encode(text.prompt)) == len(text.prompt_token_ids) == len(spec.prompt_token_ids)
+        assert text.max_tokens == spec.max_tokens and text.request_id == spec.request_id
+    assert len({t.prompt for t in texted}) == len(texted)
+    assert with_text_prompts(specs, texts) == texted  # the same spec always gets the same text
+    assert with_text_prompts(texted, texts) == texted  # text is kept
