@@ -1,4 +1,4 @@
-"""Engines side by side (`+experiment=compare`, loadgen.sweep.compare): the contenders measured or missing
+"""Engines side by side (`+experiment=compare`, loadgen.sweep.side_by_side): the contenders measured or missing
 (`compare.json`), and each engine's capacity with its ratio to the baseline engine.
 
 Engines are ordered by `engine_order`: servers the bench did not start (the reference, e.g. vLLM) first,

@@ -6,7 +6,7 @@ LLMEngine in this process; ``http``, a ``stallfree-serve`` it starts; ``url``, a
 ``locust``, a headless Locust run) and writes ``<results_dir>/<experiment_name>/<run_id>/``
 (loadgen.sweep.point). ``mode=capacity`` runs a capacity search instead (loadgen.sweep.capacity_search), each of its
 points such a run; ``mode=compare`` (``+experiment=compare``) a contender's QPS points and then its capacity
-search (loadgen.sweep.compare).
+search (loadgen.sweep.side_by_side).
 
 Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
 server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job. Every run
@@ -24,11 +24,11 @@ from omegaconf import DictConfig
 from stallfree.loadgen.results.writable import results_dir_error
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
-from stallfree.loadgen.sweep.compare import run_compare
 from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import run_repeats
 from stallfree.loadgen.sweep.run_errors import exit_on_error
+from stallfree.loadgen.sweep.side_by_side import run_compare
 
 PROG = "stallfree-bench"
 INTERRUPTED = "interrupted; complete runs are kept: run the same command again to resume"

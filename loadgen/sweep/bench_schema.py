@@ -176,7 +176,7 @@ class CapacityGroup:
 @dataclass
 class CompareGroup:
     """mode=compare (conf/experiment/compare.yaml): the job's contender (conf/contender/) and the QPS points
-    it measures before its capacity search (loadgen.sweep.compare)."""
+    it measures before its capacity search (loadgen.sweep.side_by_side)."""
 
     qps: list[float]
     contender: str  # its file name, set by the contender's config

@@ -55,6 +55,11 @@ def _models(url: str) -> tuple[list[dict], dict[str, str]]:
     return [m for m in body.get("data", []) if isinstance(m, dict) and "id" in m], headers
 
 
+def served_models(url: str) -> list[str]:
+    """The ids of the models the server at ``url`` serves; a TargetError when it cannot be reached."""
+    return [m["id"] for m in _models(url)[0]]
+
+
 def _pick_model(url: str, models: list[str], served_model: str | None) -> str:
     """The model the run sends as ``model``: ``served_model``, which the server must serve, or (None)
     the server's only model."""

@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from stallfree.analysis import conclusion, load
+from stallfree.analysis import capacity_ranking, conclusion, load
 
 SLOS = {"strict": 100.0, "relaxed": 500.0}
 
@@ -104,14 +104,14 @@ def test_without_an_slo_it_says_no_capacity_search_ran_and_compares_p99_tbt(tmp_
 
 
 @pytest.mark.parametrize("top, other, expected", [
-    (conclusion.Capacity("a", "a", 4.0, conclusion.EXACT, 1.0), conclusion.Capacity("b", "b", 2.0, conclusion.EXACT, 1.0),
+    (capacity_ranking.Capacity("a", "a", 4.0, capacity_ranking.EXACT, 1.0), capacity_ranking.Capacity("b", "b", 2.0, capacity_ranking.EXACT, 1.0),
      "2.00x"),
-    (conclusion.Capacity("a", "a", 4.0, conclusion.LOWER, 1.0), conclusion.Capacity("b", "b", 2.0, conclusion.EXACT, 1.0),
+    (capacity_ranking.Capacity("a", "a", 4.0, capacity_ranking.LOWER, 1.0), capacity_ranking.Capacity("b", "b", 2.0, capacity_ranking.EXACT, 1.0),
      "≥ 2.00x"),
-    (conclusion.Capacity("a", "a", 4.0, conclusion.EXACT, 1.0), conclusion.Capacity("b", "b", 2.0, conclusion.LOWER, 1.0),
+    (capacity_ranking.Capacity("a", "a", 4.0, capacity_ranking.EXACT, 1.0), capacity_ranking.Capacity("b", "b", 2.0, capacity_ranking.LOWER, 1.0),
      None),
-    (conclusion.Capacity("a", "a", 0.0, conclusion.BELOW, 1.0), conclusion.Capacity("b", "b", 0.0, conclusion.BELOW, 1.0),
+    (capacity_ranking.Capacity("a", "a", 0.0, capacity_ranking.BELOW, 1.0), capacity_ranking.Capacity("b", "b", 0.0, capacity_ranking.BELOW, 1.0),
      None),
 ])
 def test_ratio_text_claims_only_what_the_bounds_support(top, other, expected):
-    assert conclusion.ratio_text(top, other) == expected
+    assert capacity_ranking.ratio_text(top, other) == expected

@@ -1,4 +1,4 @@
-"""+experiment=compare (loadgen.sweep.compare): every contender through the same QPS points and capacity
+"""+experiment=compare (loadgen.sweep.side_by_side): every contender through the same QPS points and capacity
 search, a url contender whose server is not up skipped with one line, and the report that overlays them."""
 import json
 
@@ -7,9 +7,9 @@ import pytest
 
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.compare import run_compare
 from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, validate_cli
 from stallfree.loadgen.sweep.live_target import LiveTarget
+from stallfree.loadgen.sweep.side_by_side import run_compare
 from tests.helpers.bench import bench, run_dirs
 from tests.helpers.fakes.fake_sse_server import running_fake_server
 from tests.loadgen.sweep.test_user_mistakes import closed_port
@@ -61,7 +61,7 @@ def test_a_url_contender_runs_its_points_and_capacity_search_on_the_fake_server(
             targets.close()
     assert json.loads((tmp_path / "compare" / "compare.json").read_text()) == [record]
     assert (record["contender"], record["status"], record["scheduler"], record["target"]) == (
-        "vllm_url", "measured", "fake", "url")
+        "vllm_url", "measured", "fake-engine 1.2.3 (url)", "url")
     # the FAKE streams a token every 5 ms whatever the load: max_qps passes, a lower bound
     assert (record["capacity_qps"], record["bracketed"], record["hi_qps"]) == (16.0, False, None)
     summaries = {d.name: json.loads((d / "summary.json").read_text()) for d in run_dirs(tmp_path / "compare")}
@@ -92,7 +92,7 @@ def test_the_preset_compares_stallfree_policies_with_a_url_server_in_one_report(
     exp_dir = tmp_path / "results" / "compare"
     records = json.loads((exp_dir / "compare.json").read_text())
     assert {(r["contender"], r["status"], r["scheduler"]) for r in records} == {
-        ("vllm_url", "measured", "fake"), ("stallfree_vllm", "measured", "vllm"),
+        ("vllm_url", "measured", "fake-engine 1.2.3 (url)"), ("stallfree_vllm", "measured", "vllm"),
         ("stallfree_sarathi", "measured", "sarathi")}
     assert report([str(exp_dir)]) == 0
     notebook = nbformat.read(exp_dir / "notebooks" / "compare.ipynb", as_version=4)
