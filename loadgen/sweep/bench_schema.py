@@ -80,6 +80,7 @@ class TargetGroup:
     max_in_flight: int | None = None
     endpoint: str | None = None  # None: no HTTP (inprocess)
     client_nice: int = 0  # http: the client replays this much nicer than the bench, giving way to its server
+    metrics_interval_s: float | None = 0.5  # http, url, locust: the server's /metrics scraped this often; None: never
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
@@ -91,6 +92,7 @@ class TargetGroup:
                 "an integer >= 1 or null", self.max_in_flight)
         require(self.endpoint is None or self.endpoint in ENDPOINT_PATHS, "target.endpoint",
                 f"one of {sorted(ENDPOINT_PATHS)}", self.endpoint)
+        _positive("target.metrics_interval_s", self.metrics_interval_s, optional=True)
         require(0 <= self.client_nice <= 19, "target.client_nice", "an integer in [0, 19]", self.client_nice)
 
 

@@ -1,6 +1,7 @@
 """Targets that replay open loop over HTTP (loadgen.openai_client.openloop) on an OpenAI-compatible server:
 ``target=url``, a server already running, and ``target=http``, a ``stallfree-serve`` started for the
-run, whose engine iterations are recorded too (batches.parquet)."""
+run, whose engine iterations are recorded too (batches.parquet). Both scrape the server's /metrics
+during every replay (loadgen.targets.server_metrics)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +17,7 @@ from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
+from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
@@ -31,6 +33,7 @@ class _OpenLoopHttpTarget:
         self.vocab_size = model_vocab_size(cfg)
         self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
         self.endpoint = cfg.target.endpoint
+        self.metrics_interval_s = cfg.target.metrics_interval_s
 
     def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
         return run_open_loop_sync(self.url, specs, model=self.served_model, max_in_flight=self.max_in_flight,
@@ -38,6 +41,13 @@ class _OpenLoopHttpTarget:
                                   endpoint=self.endpoint, nice=self.client_nice)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        with MetricsScraper(self.url, self.metrics_interval_s) as scraper:
+            replay = self.send_recorded(specs, warmup=warmup, progress=progress)
+        replay.server_metrics = scraper.result
+        return replay
+
+    def send_recorded(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        """``send``, with what else the target records of the replay."""
         return Replay(self.send(specs, warmup=warmup, progress=progress), None)
 
     def finalize(self, run_dir: Path) -> None:
@@ -67,7 +77,7 @@ class HttpTarget(_OpenLoopHttpTarget):
         self.url, self.engine_pid = self.server.url, self.server.process.pid
         self.client_nice = cfg.target.client_nice  # the engine shares our CPUs: the client gives way to it
 
-    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+    def send_recorded(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         poller = BatchPoller(self.url, since=time.time())
         try:
             records = self.send(specs, warmup=warmup, progress=progress)

@@ -8,6 +8,10 @@ share a core or the GIL with the load generator under test:
     python tests/helpers/fakes/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
 
 ``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
+
+``GET /v1/models`` lists one model, ``fake``. ``GET /metrics`` serves vLLM-named series of its real state
+(``--metrics vllm``, the default: streams in progress as running, requests held back by ``--max-running``
+as waiting), or 404 (``--metrics none``), or a page that is not Prometheus text (``--metrics garbage``).
 """
 from __future__ import annotations
 
@@ -25,6 +29,48 @@ ERROR_MODEL_PREFIX = "fake-status-"
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
+METRICS_MODES = ("vllm", "none", "garbage")
+MODELS = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+
+class FakeState:
+    """What the fake's /metrics reports: its streams in progress and waiting, and counters."""
+
+    def __init__(self, max_running: int):
+        self.max_running = max_running  # 0: no cap
+        self.slots = asyncio.Semaphore(max_running) if max_running else None
+        self.running = self.waiting = self.prompt_tokens = 0
+
+    def metrics_page(self) -> str:
+        usage = self.running / self.max_running if self.max_running else 0.0
+        label = '{model_name="fake"}'
+        return "".join(f"# TYPE {name} {kind}\n{name}{suffix}{label} {value}\n" for name, kind, suffix, value in (
+            ("vllm:num_requests_running", "gauge", "", self.running),
+            ("vllm:num_requests_waiting", "gauge", "", self.waiting),
+            ("vllm:kv_cache_usage_perc", "gauge", "", usage),
+            ("vllm:num_preemptions", "counter", "_total", 0),
+            ("vllm:prefix_cache_queries", "counter", "_total", self.prompt_tokens),
+            ("vllm:prefix_cache_hits", "counter", "_total", 0),
+        ))
+
+
+@contextlib.asynccontextmanager
+async def _slot(state: FakeState, request: dict):
+    """A running place for the request: counted waiting until ``--max-running`` lets it in."""
+    state.waiting += 1
+    try:
+        if state.slots is not None:
+            await state.slots.acquire()
+    finally:
+        state.waiting -= 1
+    state.running += 1
+    state.prompt_tokens += len(request.get("prompt", ""))
+    try:
+        yield
+    finally:
+        state.running -= 1
+        if state.slots is not None:
+            state.slots.release()
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -58,8 +104,19 @@ def _error_response(status: int) -> bytes:
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
+def _get_response(path: str, state: FakeState, metrics: str) -> bytes:
+    if path == "/v1/models":
+        body, kind = json.dumps(MODELS), "application/json"
+    elif path == "/metrics" and metrics != "none":
+        body, kind = (state.metrics_page(), "text/plain") if metrics == "vllm" else ("<html>no</html>", "text/html")
+    else:
+        return _error_response(404)
+    data = body.encode()
+    return f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data
+
+
 async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            ttft_s: float, tbt_s: float) -> None:
+                            ttft_s: float, tbt_s: float, state: FakeState, metrics: str) -> None:
     with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
         while True:  # keep-alive: one request after another on this connection
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
@@ -67,17 +124,23 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                            if line.startswith("content-length:")), 0)
             request = json.loads(await reader.readexactly(length)) if length else {}
             model = request.get("model", "")
-            if model.startswith(ERROR_MODEL_PREFIX):
+            method, path = head.split(" ", 2)[:2]
+            if method == "get":
+                writer.write(_get_response(path, state, metrics))
+            elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))
             else:
-                await _stream_tokens(writer, request, ttft_s, tbt_s)
+                async with _slot(state, request):
+                    await _stream_tokens(writer, request, ttft_s, tbt_s)
             await writer.drain()
     writer.close()
 
 
-async def _main(ttft_ms: float, tbt_ms: float) -> None:
+async def _main(ttft_ms: float, tbt_ms: float, metrics: str = "vllm", max_running: int = 0) -> None:
+    state = FakeState(max_running)
     server = await asyncio.start_server(
-        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3), "127.0.0.1", 0, backlog=1024)
+        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, state, metrics), "127.0.0.1", 0,
+        backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()
 
@@ -103,9 +166,11 @@ def realtime_priority() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0) -> Iterator[str]:
+def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0, metrics: str = "vllm",
+                        max_running: int = 0) -> Iterator[str]:
     """Start the fake in a subprocess; yield its base URL; stop it on exit."""
-    proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms)],
+    proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms),
+                             "--metrics", metrics, "--max-running", str(max_running)],
                             stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline().split()[1])
@@ -119,6 +184,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--tbt-ms", type=float, default=5.0)
+    parser.add_argument("--metrics", choices=METRICS_MODES, default="vllm")
+    parser.add_argument("--max-running", type=int, default=0, help="streams at once; more wait (0: no cap)")
     args = parser.parse_args()
     with realtime_priority():
-        asyncio.run(_main(args.ttft_ms, args.tbt_ms))
+        asyncio.run(_main(args.ttft_ms, args.tbt_ms, args.metrics, args.max_running))
