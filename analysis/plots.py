@@ -4,6 +4,7 @@ figure that says what is missing instead of raising."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,6 +33,8 @@ KIND_COLORS = {"prefill": "#d62728", "hybrid": "#9467bd", "decode": "#7f7f7f"}
 STALL_COLOR = "#ffcccc"
 REQUEST_COLORS = ("#0173b2", "#de8f05", "#029e73", "#56b4e9", "#ece133")
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
+QUEUE_COLORS = {"requests_running": "#0173b2", "requests_waiting": "#d55e00"}
+NO_SERVER_METRICS = pd.DataFrame(columns=["run_id", "time", "metric", "value", "series"])
 
 
 def figure_dir(results_dir: str | Path, override: str | Path | None = None) -> Path:
@@ -146,22 +149,28 @@ def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure
 
 def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.DataFrame,
                         slos: Mapping[str, float] | None = None, n_requests: int = 3,
-                        save: str | Path | None = None) -> Figure:
-    """Per run (columns): prefill / decode tokens per iteration, iteration time, and the TBT of a few
-    long-running requests (`stalls.long_requests`), on one time axis (s since the run's first
-    iteration or token) over the longest request's lifetime. Shaded: decode stalls (prefill-only
-    iterations while other requests wait for their next token). Without batch records only the TBT
-    row is drawn."""
+                        save: str | Path | None = None, server: pd.DataFrame | None = None) -> Figure:
+    """Per run (columns), on one time axis (s since the run's first iteration or token) over the longest
+    request's lifetime: with batch records (our engine), prefill / decode tokens per iteration and
+    iteration time (and MFU / MBU where known); for every run, the server's queue (requests running and
+    waiting) and KV-cache usage from its /metrics (`server`: `load.load_server_metrics`; the queue from
+    the batch records where a run has no scrapes), and the TBT of a few long-running requests
+    (`stalls.long_requests`). Shaded: decode stalls (prefill-only iterations while other requests wait for
+    their next token). A run with neither says why in its panel (its summary's `server_metrics_reason`)."""
     followed = long_requests(gaps, n_requests)
     if runs.empty or followed.empty:
         return message("No runs with per-token times to draw a stall timeline.", save)
     batches = batches[batches["run_id"].isin(runs["run_id"])]
+    server = NO_SERVER_METRICS if server is None else server
     utilisation = bool("mfu" in batches and batches["mfu"].notna().any())
-    labels = ["Tokens per iteration", "Iteration time (ms)", *(["MFU / MBU (%)"] * utilisation),
-              "TBT (ms)"][-1 if batches.empty else 0:]
+    batch_rows = [] if batches.empty else ["Tokens per iteration", "Iteration time (ms)",
+                                           *(["MFU / MBU (%)"] * utilisation)]
+    labels = [*batch_rows, "Requests", "KV cache used (%)", "TBT (ms)"]
+    ratios = [1.0] * len(batch_rows) + [0.7, 0.7, 1.0]
     with style():
-        fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * len(labels) + 0.6), layout="constrained")
-        axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False)
+        fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * sum(ratios) + 0.6), layout="constrained")
+        axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False,
+                            gridspec_kw={"height_ratios": ratios})
         windows = {}
         for run in runs.itertuples():
             run_followed = followed[followed["run_id"] == run.run_id]
@@ -180,15 +189,20 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
             if pd.notna(lo) and span > 0:
                 col[-1].set_xlim(lo - t0, hi - t0)
             _tbt_panel(col[-1], run_followed, t0, slos or {})
-            if len(labels) >= 3:
+            run_server = server[server["run_id"] == run.run_id]
+            _server_panels(col[-3:-1], run_server, run_batches, t0, getattr(run, "server_metrics_reason", None))
+            if batch_rows:
                 visible = (run_batches["end_time"] >= lo) & (run_batches["start_time"] <= hi)
-                _batch_panels(col, run_batches[visible], t0)
+                _batch_panels(col[:len(batch_rows)], run_batches[visible], t0)
                 if utilisation:
                     _utilisation_panel(col[2], run_batches[visible], t0)
         for ax, label in zip(axes[:, 0], labels, strict=True):
             ax.set_ylabel(label)
         log_scale(axes[-1, 0], "y")
-        if len(labels) >= 3:
+        axes[-3, -1].legend(handles=[Line2D([], [], color=c, label=m.removeprefix("requests_"))
+                                     for m, c in QUEUE_COLORS.items()],
+                            loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        if batch_rows:
             log_scale(axes[1, 0], "y")
             axes[0, -1].legend(handles=[Patch(color=KIND_COLORS["prefill"], label="prefill tokens"),
                                         Patch(color=KIND_COLORS["decode"], label="decode tokens"),
@@ -198,6 +212,35 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
                                         for k, c in KIND_COLORS.items()], title="iteration",
                                loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
         return finish(fig, save)
+
+
+def _server_panels(axes: np.ndarray, server: pd.DataFrame, batches: pd.DataFrame, t0: float,
+                   reason: str | None) -> None:
+    """The run's queue (running / waiting requests) and KV-cache usage over time: from its server's
+    /metrics, the queue from its batch records where it has no scrapes; else a line saying why not."""
+    queue_ax, kv_ax = axes
+    queue = server[server["metric"].isin(QUEUE_COLORS)]
+    source = "server /metrics"
+    if queue.empty and {"num_running", "num_waiting"} <= set(batches.columns) and not batches.empty:
+        queue = batches.melt(id_vars="start_time", value_vars=["num_running", "num_waiting"],
+                             var_name="metric").rename(columns={"start_time": "time"})
+        queue["metric"] = queue["metric"].str.replace("num_", "requests_")
+        source = "engine iterations"
+    kv = server[server["metric"] == "kv_cache_usage"]
+    missing = "no server metrics" + (f": {reason}" if isinstance(reason, str) and reason else "")
+    for ax, frame in ((queue_ax, queue), (kv_ax, kv)):
+        if frame.empty:
+            ax.text(0.5, 0.5, textwrap.fill(missing, 60), ha="center", va="center", transform=ax.transAxes,
+                    color="0.4", fontsize=8)
+    for metric, rows in queue.groupby("metric"):
+        rows = rows.sort_values("time")
+        queue_ax.step(rows["time"] - t0, rows["value"], where="post", color=QUEUE_COLORS[metric], lw=1.2)
+    if not queue.empty:
+        queue_ax.text(0.99, 0.95, source, ha="right", va="top", transform=queue_ax.transAxes, fontsize=7, color="0.4")
+    kv = kv.sort_values("time")
+    kv_ax.step(kv["time"] - t0, kv["value"] * 100, where="post", color="#029e73", lw=1.2)
+    kv_ax.set_ylim(bottom=0)
+    queue_ax.set_ylim(bottom=0)
 
 
 def _tbt_panel(ax: Axes, followed: pd.DataFrame, t0: float, slos: Mapping[str, float]) -> None:

@@ -5,29 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.config_check import CONF_DIR
-from stallfree.loadgen.sweep.live_target import LiveTarget
-from stallfree.loadgen.sweep.point import run_point
 from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import build_workload
+from tests.helpers.bench import url_run
 from tests.helpers.fakes.fake_sse_server import running_fake_server
-
-
-def url_run(url: str, tmp_path, *overrides: str) -> dict:
-    """One target=url run of the tiny model's workload against ``url``; its summary."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = load_bench(compose("bench", [
-            "model=tiny", "workload=fixed", "target=url", f"target.url={url}", "slo.tbt_ms=1000",
-            "min_engine_cpu_share=0", f"results_dir={tmp_path}", *overrides]))
-    targets = LiveTarget()
-    try:
-        return run_point(cfg, targets)
-    finally:
-        targets.close()
 
 
 def test_the_fakes_queue_is_scraped_in_our_vocabulary():
