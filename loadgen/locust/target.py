@@ -4,7 +4,8 @@ or a running server (``target.url``).
 
 Locust gets the run's exact requests (``--specs-file``; with ``target.workers`` > 1 one master and that
 many worker processes, worker i sending every W-th request) and ends once all of them have ended. Its
-records become requests.parquet / summary.json as for the other targets; its own outputs (CSV, HTML
+records become requests.parquet / summary.json as for the other targets, and the server's /metrics is
+scraped meanwhile as for target=http / url (loadgen.targets.server_metrics); its own outputs (CSV, HTML
 report, log, raw records) go to ``<run_dir>/locust/``.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import check_server
+from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
@@ -98,7 +100,7 @@ class LocustTarget:
             self.url, self.engine_pid = t.url.rstrip("/"), None
             self.served_model = check_server(self.url, t.served_model)
         self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
-        self.endpoint = t.endpoint
+        self.endpoint, self.metrics_interval_s = t.endpoint, t.metrics_interval_s
         self.work_dir = log_dir / "locust"
         self.output: Path | None = None  # the last replay's outputs, until finalize claims them
 
@@ -107,14 +109,15 @@ class LocustTarget:
             shutil.rmtree(self.output, ignore_errors=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
-        records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
-                             timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
-                             endpoint=self.endpoint)
+        with MetricsScraper(self.url, self.metrics_interval_s) as scraper:
+            records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
+                                 timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
+                                 endpoint=self.endpoint)
         for i, record in enumerate(records):
             record.is_warmup = i < warmup
             if progress is not None:
                 progress(record)
-        return Replay(records, None)
+        return Replay(records, None, scraper.result)
 
     def finalize(self, run_dir: Path) -> None:
         """Move the last replay's Locust outputs into ``run_dir/locust/``."""
