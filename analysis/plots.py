@@ -4,7 +4,6 @@ figure that says what is missing instead of raising."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from stallfree.analysis.figure_style import finish, log_scale, message, style
 from stallfree.analysis.load import NO_CHUNK, POLICIES
 from stallfree.analysis.pareto import pareto_front
 from stallfree.analysis.repeats import repeat_summary
+from stallfree.analysis.server_panels import NO_SERVER_METRICS, QUEUE_COLORS, server_panels
 from stallfree.analysis.stalls import long_requests
 
 LABELS = {
@@ -33,8 +33,6 @@ KIND_COLORS = {"prefill": "#d62728", "hybrid": "#9467bd", "decode": "#7f7f7f"}
 STALL_COLOR = "#ffcccc"
 REQUEST_COLORS = ("#0173b2", "#de8f05", "#029e73", "#56b4e9", "#ece133")
 LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
-QUEUE_COLORS = {"requests_running": "#0173b2", "requests_waiting": "#d55e00"}
-NO_SERVER_METRICS = pd.DataFrame(columns=["run_id", "time", "metric", "value", "series"])
 
 
 def figure_dir(results_dir: str | Path, override: str | Path | None = None) -> Path:
@@ -190,7 +188,7 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
                 col[-1].set_xlim(lo - t0, hi - t0)
             _tbt_panel(col[-1], run_followed, t0, slos or {})
             run_server = server[server["run_id"] == run.run_id]
-            _server_panels(col[-3:-1], run_server, run_batches, t0, getattr(run, "server_metrics_reason", None))
+            server_panels(col[-3:-1], run_server, run_batches, t0, getattr(run, "server_metrics_reason", None))
             if batch_rows:
                 visible = (run_batches["end_time"] >= lo) & (run_batches["start_time"] <= hi)
                 _batch_panels(col[:len(batch_rows)], run_batches[visible], t0)
@@ -212,35 +210,6 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
                                         for k, c in KIND_COLORS.items()], title="iteration",
                                loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
         return finish(fig, save)
-
-
-def _server_panels(axes: np.ndarray, server: pd.DataFrame, batches: pd.DataFrame, t0: float,
-                   reason: str | None) -> None:
-    """The run's queue (running / waiting requests) and KV-cache usage over time: from its server's
-    /metrics, the queue from its batch records where it has no scrapes; else a line saying why not."""
-    queue_ax, kv_ax = axes
-    queue = server[server["metric"].isin(QUEUE_COLORS)]
-    source = "server /metrics"
-    if queue.empty and {"num_running", "num_waiting"} <= set(batches.columns) and not batches.empty:
-        queue = batches.melt(id_vars="start_time", value_vars=["num_running", "num_waiting"],
-                             var_name="metric").rename(columns={"start_time": "time"})
-        queue["metric"] = queue["metric"].str.replace("num_", "requests_")
-        source = "engine iterations"
-    kv = server[server["metric"] == "kv_cache_usage"]
-    missing = "no server metrics" + (f": {reason}" if isinstance(reason, str) and reason else "")
-    for ax, frame in ((queue_ax, queue), (kv_ax, kv)):
-        if frame.empty:
-            ax.text(0.5, 0.5, textwrap.fill(missing, 60), ha="center", va="center", transform=ax.transAxes,
-                    color="0.4", fontsize=8)
-    for metric, rows in queue.groupby("metric"):
-        rows = rows.sort_values("time")
-        queue_ax.step(rows["time"] - t0, rows["value"], where="post", color=QUEUE_COLORS[metric], lw=1.2)
-    if not queue.empty:
-        queue_ax.text(0.99, 0.95, source, ha="right", va="top", transform=queue_ax.transAxes, fontsize=7, color="0.4")
-    kv = kv.sort_values("time")
-    kv_ax.step(kv["time"] - t0, kv["value"] * 100, where="post", color="#029e73", lw=1.2)
-    kv_ax.set_ylim(bottom=0)
-    queue_ax.set_ylim(bottom=0)
 
 
 def _tbt_panel(ax: Axes, followed: pd.DataFrame, t0: float, slos: Mapping[str, float]) -> None:
