@@ -148,7 +148,8 @@ def coverage_note(runs: pd.DataFrame) -> str:
         notes.append(f"No runs for policies: {', '.join(missing)}.")
     disturbed = runs.loc[disturbed_mask(runs), "run_id"]
     if len(disturbed):
-        notes.append(f"**Disturbed runs** (the engine got too little of the CPU it asked for; drawn hollow): "
+        notes.append("**Disturbed runs** (the engine, or a url run's load generator, got too little of the CPU it "
+                     "asked for; drawn hollow): "
                      f"{', '.join(disturbed.astype(str))}.")
     experiments = sorted(runs["experiment"].astype(str).unique())
     if len(experiments) > 1:

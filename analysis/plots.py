@@ -100,8 +100,8 @@ def _mark_disturbed(fig: Figure, ax: Axes, points: pd.DataFrame, x: str, y: str,
     ax.scatter(disturbed[x], disturbed[y], s=90, facecolors="white",
                edgecolors=[palette[s] for s in disturbed["scheduler"]], linewidths=2.0, zorder=4)
     names = ", ".join(run for runs in disturbed["disturbed_runs"] for run in runs)
-    fig.supxlabel(f"hollow: disturbed runs (the engine got too little of the CPU it asked for): {names}", fontsize=8, color="0.3",
-                  ha="left", x=0.01, wrap=True)
+    fig.supxlabel("hollow: disturbed runs (the engine, or a url run's load generator, got too little of the CPU "
+                  f"it asked for): {names}", fontsize=8, color="0.3", ha="left", x=0.01, wrap=True)
 
 
 def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
