@@ -2,9 +2,9 @@
 ``target.metrics_interval_s`` while the run replays (and once more at the end), read in our vocabulary
 (loadgen.targets.server_vocabulary) into the rows of server_metrics.parquet.
 
-A server without the page (an HTTP 4xx answer) or whose page does not parse is not asked again; the
-run goes on, and ``reason`` says why it has no server metrics. A failed connection is retried at the
-next tick.
+A server without the page (an HTTP 4xx answer), whose page does not parse or has no series of a known
+engine is not asked again; the run goes on, and ``reason`` says why it has no server metrics. A failed
+connection or an HTTP 5xx is retried at the next tick.
 """
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ class MetricsScraper:
 
     def _run(self) -> None:
         while not self._given_up:
-            self.scrape()
+            self._scrape()
             if self._stopping.wait(self.interval_s):
                 return
 
-    def scrape(self) -> None:
+    def _scrape(self) -> None:
         """Read the page once; record its samples, or why it gave none."""
         try:
             response = self._client.get(self.url)
@@ -82,6 +82,9 @@ class MetricsScraper:
             self._failure = f"GET {self.url} failed ({type(e).__name__})"
             return
         now = time.time()
+        if response.status_code >= 500:  # a busy or failing server: asked again at the next tick
+            self._failure = f"GET {self.url} answered HTTP {response.status_code}"
+            return
         if response.status_code >= 400:
             self._give_up(f"GET {self.url} answered HTTP {response.status_code}")
             return
@@ -106,7 +109,7 @@ class MetricsScraper:
         self._thread.join()
         try:
             if not self._given_up:
-                self.scrape()
+                self._scrape()
         finally:
             self._client.close()
         if not self.scrapes:
