@@ -37,9 +37,11 @@ def test_a_disabled_scraper_says_so():
 
 def test_a_saturated_url_run_records_its_server_series_and_queue_growth(tmp_path):
     with running_fake_server(ttft_ms=20, tbt_ms=5, max_running=2) as url:
-        summary = url_run(url, tmp_path, "arrival=constant", "qps=50", "num_requests=30",
+        summary = url_run(url, tmp_path, "arrival=constant", "qps=50", "num_requests=60",
                           "target.metrics_interval_s=0.05")
-    assert summary["completed"] == 30
+        light = url_run(url, tmp_path, "arrival=constant", "qps=5", "num_requests=8", "target.metrics_interval_s=0.05")
+    assert light["server_queue_growing"] is False and light["server_peak_waiting"] == 0  # served as they come
+    assert summary["completed"] == 60
     assert summary["server_metrics"] == "vllm" and summary["server_metrics_reason"] is None
     assert summary["server_peak_running"] == 2 and summary["server_peak_kv_cache_usage"] == 1.0
     assert summary["server_peak_waiting"] >= 4 and summary["server_preemptions"] == 0
