@@ -77,8 +77,14 @@ def pareto_plot(runs: pd.DataFrame, latency: str = "p99_tbt_ms", throughput: str
         handles, labels = ax.get_legend_handles_labels()
         ax.legend([*handles, Line2D([], [], color="0.4", lw=1.8)],
                   [*(LABELS.get(label, label) for label in labels), "Pareto frontier"],
-                  loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=9)
+                  loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=9, title=_dtypes(points))
         return finish(fig, save)
+
+
+def _dtypes(runs: pd.DataFrame) -> str | None:
+    """The engines' dtypes (summary `dtype`), e.g. "dtype: bfloat16"; None when no run recorded one."""
+    dtypes = sorted(runs["dtype"].dropna().unique()) if "dtype" in runs else []
+    return f"dtype: {', '.join(dtypes)}" if dtypes else None
 
 
 def _intervals(ax: Axes, points: pd.DataFrame, x: str, y: str, palette: Mapping[str, tuple]) -> None:

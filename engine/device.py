@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import platform
+from dataclasses import dataclass
 
 import torch
 
@@ -39,11 +40,29 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA and on CPUs with AVX512-BF16/AMX (native bf16 matmuls), fp32 otherwise."""
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: torch.dtype
+    reason: str  # why this dtype: the setting, and for ``auto`` what it found
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def choose_dtype(name: str, device: torch.device | str) -> DtypeChoice:
+    """``auto``: bf16 on CUDA and on CPUs with AVX512-BF16/AMX (native bf16 matmuls), fp32 otherwise (bf16
+    would be emulated, slower than fp32). Raises ValueError on an unknown name."""
+    device = resolve_device(device) if isinstance(device, str) else device
     if name == "auto":
-        fast_bf16 = device.type == "cuda" or cpu_has_fast_bf16()
-        return torch.bfloat16 if fast_bf16 else torch.float32
+        if device.type == "cuda":
+            return DtypeChoice(torch.bfloat16, "model.dtype=auto: CUDA")
+        if cpu_has_fast_bf16():
+            return DtypeChoice(torch.bfloat16, "model.dtype=auto: this CPU has native bf16 (AMX-BF16 / AVX512-BF16)")
+        return DtypeChoice(torch.float32, "model.dtype=auto: this CPU has no native bf16 (AMX-BF16 / AVX512-BF16)")
     if name not in DTYPES:
         raise ValueError(f"unknown model.dtype {name!r}; choose auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return DtypeChoice(DTYPES[name], f"model.dtype={name}")

@@ -111,7 +111,7 @@ def main() -> None:
     """``python -m stallfree.engine.utilization.measured_limits [--refresh] [--dtype bfloat16] [--device cpu]``: print the limits."""
     import argparse
 
-    from stallfree.engine.device import resolve_device, resolve_dtype
+    from stallfree.engine.device import choose_dtype, resolve_device
 
     ap = argparse.ArgumentParser(description="This machine's matmul peak and memory bandwidth (cached).")
     ap.add_argument("--device", default="auto")
@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--refresh", action="store_true", help="measure again (on a quiet machine)")
     args = ap.parse_args()
     device = resolve_device(args.device)
-    limits = machine_limits(device, resolve_dtype(args.dtype, device), refresh=args.refresh)
+    limits = machine_limits(device, choose_dtype(args.dtype, device).dtype, refresh=args.refresh)
     print(f"{limits.device} {limits.dtype}: {limits.peak_flops / 1e12:.3f} TFLOP/s, {limits.bandwidth / 1e9:.1f} GB/s "
           f"({limits.source}; cached in {cache_path()})")
 

@@ -52,6 +52,13 @@ def slo_bounds(opts: Namespace) -> SLOBounds:
     return SLOBounds(tbt_ms=tbt_ms, ttft_ms=ttft_ms)
 
 
+def slo_label(slo: SLOBounds) -> str:
+    """What ``slo_met_pct`` counts, in words: "SLO met % (TBT ≤ 50 ms)", or "ok % (no SLO given)"."""
+    bounds = [f"{name} ≤ {value:g} ms" for name, value in (("TBT", slo.tbt_ms), ("TTFT", slo.ttft_ms))
+              if value is not None]
+    return f"SLO met % ({', '.join(bounds)})" if bounds else "ok % (no SLO given)"
+
+
 class LogHistogram:
     """Counts of millisecond values in logarithmic bins GROWTH apart."""
 
@@ -96,8 +103,8 @@ class Summary:
                 "cancelled_at_stop": self.cancelled_at_stop, "requests_per_s": round(self.ended * per_s, 2),
                 "output_tokens": self.output_tokens,
                 "output_tokens_per_s": round(self.output_tokens * per_s, 1),
-                "ttft_p50_ms": ms(self.ttft, 50), "ttft_p99_ms": ms(self.ttft, 99),
-                "tbt_p50_ms": ms(self.tbt, 50), "tbt_p99_ms": ms(self.tbt, 99),
+                "ttft_p50_ms": ms(self.ttft, 50), "ttft_p90_ms": ms(self.ttft, 90), "ttft_p99_ms": ms(self.ttft, 99),
+                "tbt_p50_ms": ms(self.tbt, 50), "tbt_p90_ms": ms(self.tbt, 90), "tbt_p99_ms": ms(self.tbt, 99),
                 "slo_met_pct": round(100 * self.slo_met / self.ended, 1) if self.ended else "",
                 "late": self.late}
 
@@ -165,7 +172,10 @@ class LLMStats:
             begin = self.start + w * WINDOW_S
             name = time.strftime("%H:%M:%S", time.localtime(begin))
             rows.append(self.windows[w].row(name, min(WINDOW_S, self.last_event - begin)))
-        return [*rows, self.run.row(WHOLE_RUN, self.last_event - self.start)]
+        return [*rows, self.whole_run()]
+
+    def whole_run(self) -> dict:
+        return self.run.row(WHOLE_RUN, self.last_event - self.start)
 
     def csv_text(self) -> str:
         """Every window and the whole run as CSV (the first column: the window's start time)."""

@@ -5,7 +5,8 @@ them to the master with each stats report; the master, or a standalone process, 
 LLMStats (loadgen.locust.llm_stats). The tab uses Locust's web-UI extension points for its React UI:
 ``extended_tabs`` / ``extended_tables`` / ``extended_csv_files`` in the web UI's template arguments, and
 the rows as ``extended_stats`` added to every /stats/requests response (which the UI polls). With
---csv PREFIX the statistics of every window are also written to PREFIX_llm.csv when Locust quits.
+--csv PREFIX the statistics of every window are also written to PREFIX_llm.csv when Locust quits, and
+the whole run's statistics close Locust's stdout summary and its --html report (loadgen.locust.end_summary).
 Imported only inside a Locust process.
 """
 from __future__ import annotations
@@ -20,8 +21,9 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from locust.web import WebUI
 
+from stallfree.loadgen.locust.end_summary import install as install_end_summary
 from stallfree.loadgen.locust.llm_events import LiveEvents
-from stallfree.loadgen.locust.llm_stats import LLMStats, SLOBounds
+from stallfree.loadgen.locust.llm_stats import LLMStats, SLOBounds, slo_label
 from stallfree.loadgen.locust.server_stats import COLUMNS as SERVER_COLUMNS
 from stallfree.loadgen.locust.server_stats import ServerUtilisation
 
@@ -33,13 +35,11 @@ CSV_PATH = "/llm_stats/csv"
 
 
 def _columns(slo: SLOBounds) -> dict[str, str]:
-    bounds = [f"{name} ≤ {value:g} ms" for name, value in (("TBT", slo.tbt_ms), ("TTFT", slo.ttft_ms))
-              if value is not None]
     return {"name": "window from", "in_flight": "in flight", "cancelled_at_stop": "cancelled at stop",
             "requests_per_s": "ended/s",
-            "output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "TTFT p50 (ms)",
-            "ttft_p99_ms": "TTFT p99 (ms)", "tbt_p50_ms": "TBT p50 (ms)", "tbt_p99_ms": "TBT p99 (ms)",
-            "slo_met_pct": f"SLO met % ({', '.join(bounds)})" if bounds else "ok % (no SLO given)",
+            "output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "TTFT p50 (ms)", "ttft_p90_ms": "TTFT p90 (ms)",
+            "ttft_p99_ms": "TTFT p99 (ms)", "tbt_p50_ms": "TBT p50 (ms)", "tbt_p90_ms": "TBT p90 (ms)",
+            "tbt_p99_ms": "TBT p99 (ms)", "slo_met_pct": slo_label(slo),
             "late": "late sends", **SERVER_COLUMNS}
 
 
@@ -89,6 +89,7 @@ def install(environment: Environment, live: LiveEvents, slo: SLOBounds) -> None:
             with open(f"{prefix}_llm.csv", "w") as f:
                 f.write(stats.csv_text())
     events.quitting.add_listener(write_csv)
+    install_end_summary(environment, stats, refresh)
     if environment.web_ui is not None:
         _extend_web_ui(environment.web_ui, stats, refresh, environment.parsed_options.web_base_path, server)
 

@@ -9,7 +9,8 @@ aborted) count as failures, and open-loop arrivals dropped at --max-in-flight as
 request and no failure (the exit code is unaffected), counted in the LLM statistics' cancelled_at_stop.
 Locust's CSVs, its HTML report, its stdout summary and PREFIX_llm.csv agree on every count. Token-level statistics (output tokens/s, TTFT / TBT percentiles, SLO attainment against
 --slo / --slo-tbt-ms, requests in flight, late sends) go to the web UI's LLM tab and to --csv's
-PREFIX_llm.csv (loadgen.locust.llm_tab), never to the request table.
+PREFIX_llm.csv (loadgen.locust.llm_tab), never to the request table; the whole run's end the stdout summary
+and the --html report (loadgen.locust.end_summary).
 
 Users (name one on the command line, or pick one with --class-picker in the web UI):
 * LLMUser, closed loop: send a request, read the whole stream, wait --wait seconds, repeat.

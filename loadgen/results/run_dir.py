@@ -5,9 +5,13 @@ results/<experiment>/summary.parquet with one row per complete run.
 requests.parquet has one row per RequestRecord; its schema is derived from the dataclass's fields.
 server_metrics.parquet is long: one row per metric of each scrape of the server's /metrics
 (loadgen.targets.server_metrics).
+
+A directory that cannot be written (no permission, a read-only or full filesystem, a file in the path)
+raises ResultsDirError, and nothing half-written is left to count as a complete run.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,7 +21,7 @@ import re
 import shutil
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +30,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from stallfree.loadgen.results.records import RequestRecord, as_row
+from stallfree.loadgen.results.writable import ResultsDirError
 
 ARROW_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
                list[float]: pa.list_(pa.float64())}
@@ -48,6 +53,25 @@ def arrow_schema(record_type: type) -> pa.Schema:
 REQUESTS_SCHEMA = arrow_schema(RequestRecord)
 SERVER_METRICS_SCHEMA = pa.schema([("time", pa.float64()), ("metric", pa.string()), ("value", pa.float64()),
                                    ("series", pa.string())])
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _partial(path: Path, exp_dir: Path) -> Iterator[None]:
+    """``path`` is being written: on any failure it is removed, and an OSError becomes a ResultsDirError."""
+    try:
+        yield
+    except BaseException as e:
+        _remove(path)
+        if isinstance(e, OSError):
+            raise ResultsDirError(exp_dir, e) from e
+        raise
 
 
 def make_run_id(params: dict) -> str:
@@ -89,8 +113,8 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
     exp_dir = Path(exp_dir)
     final, tmp = exp_dir / run_id, exp_dir / f".{run_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with _partial(tmp, exp_dir):
+        tmp.mkdir(parents=True)
         text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
         (tmp / "config.yaml").write_text(text)
         pq.write_table(pa.Table.from_pylist([as_row(r) for r in requests],
@@ -104,9 +128,6 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
         (tmp / "summary.json").write_text(json.dumps(clean, indent=2, default=str) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 
@@ -129,6 +150,7 @@ def rebuild_experiment_summary(exp_dir: str | Path) -> pd.DataFrame:
                          for key, value in {"run_id": run_dir.name, **summary}.items()})
     table = pd.DataFrame(rows)
     tmp = exp_dir / f".summary.parquet.tmp-{os.getpid()}"
-    table.to_parquet(tmp, index=False)
-    tmp.replace(exp_dir / "summary.parquet")
+    with _partial(tmp, exp_dir):
+        table.to_parquet(tmp, index=False)
+        tmp.replace(exp_dir / "summary.parquet")
     return table

@@ -7,7 +7,6 @@ sweep fails before its first run instead of Hydra printing a multi-line report o
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from stallfree.engine.hydra_groups import CONF_DIR, ConfigError, require
+from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
+from stallfree.loadgen.results.writable import ResultsDirError, probe_writable
 from stallfree.loadgen.sweep.bench_schema import BenchConfig, load_bench
 
 CONFIG_NAME = "bench"
@@ -27,18 +27,18 @@ def check(cfg: DictConfig) -> BenchConfig:
     checks (loadgen.sweep.bench_schema), then the workload is built once and results_dir probed."""
     bench = load_bench(cfg)
     _check_workload(bench)
-    _check_results_dir(Path(bench.results_dir))
+    _check_results_dir(Path(bench.results_dir) / bench.experiment_name)
     return bench
 
 
-def _check_results_dir(path: Path) -> None:
-    """results_dir must be a directory this process can create and write in."""
-    existing = path.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    require(existing.is_dir() and os.access(existing, os.W_OK | os.X_OK), "results_dir",
-            f"a directory you can write in ({existing} is {'not writable' if existing.is_dir() else 'a file'})",
-            str(path))
+def _check_results_dir(exp_dir: Path) -> None:
+    """The experiment's directory (Hydra's own .hydra output goes there first) must be one this process can
+    create and write in: a file is written there, so a read-only or full filesystem, /proc or a file in
+    the path fail here, before any run."""
+    try:
+        probe_writable(exp_dir)
+    except ResultsDirError as e:
+        raise ConfigError(f"results_dir: {e}") from None
 
 
 class StandInTokenizer:
@@ -118,7 +118,7 @@ def validate_cli(argv: Sequence[str]) -> None:
             preset = OmegaConf.select(compose(CONFIG_NAME, _variants(cli)[0] + launcher, return_hydra_config=True),
                                       "hydra.sweeper.params") or {}
             cli_keys = {o.split("=", 1)[0].lstrip("+~") for o in cli}
-            swept = [f"{key}={value}" for key, value in preset.items() if key not in cli_keys]
+            swept = [f"{key}={value}" for key, value in preset.items() if key.lstrip("+~") not in cli_keys]
             for overrides in _variants(cli + swept):
                 check(compose(CONFIG_NAME, overrides))
         except (HydraException, OmegaConfBaseException) as e:

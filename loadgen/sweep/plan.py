@@ -41,6 +41,14 @@ def server_label(cfg: BenchConfig) -> str | None:
     return check_server(url.rstrip("/"), cfg.target.served_model)
 
 
+def engine_dtype(cfg: BenchConfig) -> str:
+    """The dtype the run's engine computes in: model.dtype as the engine resolves it on this machine (``auto``:
+    bf16 where it is native). The bench starts that engine, in this process or as a server on this machine."""
+    from stallfree.engine import choose_dtype  # torch: only once a run is planned (--help stays fast)
+
+    return choose_dtype(cfg.model.dtype, cfg.model.device).name
+
+
 def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
     (not the SLO, which only changes the summary, except for the points of a capacity search), as composed
@@ -56,7 +64,9 @@ def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = Fa
     point = ({"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg)} if label is None
              else {"scheduler": label, "chunk_size": None}) | {"qps": cfg.qps}
     point_id = make_run_id({**point, "cfg": digest({k: v for k, v in measured.items() if k != "seed"})})
-    params = {**point, "point_id": point_id, "model": cfg.model.name, "target": cfg.target.kind, "workload": cfg.workload.name,
+    params = {**point, "point_id": point_id, "model": cfg.model.name,
+              "dtype": None if label is not None else engine_dtype(cfg),  # a server's own: unknown here
+              "target": cfg.target.kind, "workload": cfg.workload.name,
               "arrival": cfg.arrival.kind, "seed": cfg.seed, "num_requests": cfg.num_requests}
     if capacity_slo is not None:
         point["slo"] = params["capacity_search"] = capacity_slo

@@ -1,7 +1,8 @@
 """How a command of the harness ends on an error: one line on stderr that says what to do, and a
 documented exit code (docs/bench.md); the traceback only with ``STALLFREE_DEBUG=1``.
 
-Exit codes: 2 a config error (the key is named); 3 the target failed (unreachable, does not serve the
+Exit codes: 2 a config error (the key is named) or results that cannot be written (loadgen.results.writable:
+no permission, a read-only or full filesystem); 3 the target failed (unreachable, does not serve the
 model, died or failed every request); 1 any other error; 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from stallfree.engine.hydra_groups import ConfigError, one_line
+from stallfree.loadgen.results.writable import ResultsDirError
 
 EXIT_CONFIG, EXIT_TARGET, EXIT_OTHER, EXIT_INTERRUPTED = 2, 3, 1, 130
 
@@ -49,6 +51,9 @@ def exit_on_error(prog: str, fn: Callable[[], object], interrupted: str = "inter
         fn()
     except ConfigError as e:
         print(f"{prog}: config error: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    except ResultsDirError as e:
+        print(f"{prog}: results_dir error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     except KeyboardInterrupt:
         print(f"{prog}: {interrupted}", file=sys.stderr)

@@ -140,6 +140,7 @@ class InProcessTarget:
             self.engine = LLMEngine.from_config(engine_config(cfg))
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
+        print(f"[target] {cfg.model.name} in this process: dtype {self.engine.dtype_choice}", flush=True)
         self.vocab_size = model_vocab_size(cfg)
         # On a virtual clock the run's times do not depend on the CPU it gets: nothing to measure.
         self.engine_pid = None if cfg.virtual_time else os.getpid()

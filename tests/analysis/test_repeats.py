@@ -79,3 +79,10 @@ def test_capacity_plot_draws_the_interval_of_a_repeated_search():
     [bars] = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
     segments = bars.lines[2][0].get_segments()
     assert len(segments) == 1 and np.allclose(segments[0][:, 1], [1.5, 2.5])
+
+
+def test_pareto_legend_names_the_dtype_of_the_runs():
+    legend = plots.pareto_plot(_repeated_runs().assign(dtype="bfloat16"), "p99_tbt_ms").axes[0].get_legend()
+    assert legend.get_title().get_text() == "dtype: bfloat16"
+    untold = plots.pareto_plot(_repeated_runs(), "p99_tbt_ms").axes[0].get_legend()  # runs from before the field
+    assert untold.get_title().get_text() == ""

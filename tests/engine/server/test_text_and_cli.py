@@ -72,6 +72,7 @@ def test_cli_ready_line_and_sigterm():
     try:
         line = proc.stdout.readline()
         assert line.startswith("stallfree-serve ready: http://127.0.0.1:"), line + proc.stderr.read()
+        assert line.rstrip().endswith(" dtype=float32 (model.dtype=float32)"), line  # the dtype and why
         url = line.split()[2]
         assert httpx.get(f"{url}/health", trust_env=False).status_code == 200
         assert httpx.get(f"{url}/v1/models", trust_env=False).status_code == 401

@@ -9,9 +9,10 @@ share a core or the GIL with the load generator under test:
 
 ``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
 
-``GET /v1/models`` lists one model, ``fake``. ``GET /metrics`` serves vLLM-named series of its real state
-(``--metrics vllm``, the default: streams in progress as running, requests held back by ``--max-running``
-as waiting), or 404 (``--metrics none``), or a page that is not Prometheus text (``--metrics garbage``).
+``GET /v1/models`` lists one model, ``FAKE_MODEL``. ``GET /metrics`` serves vLLM-named series of its real
+state (``--metrics vllm``, the default: streams in progress as running, requests held back by
+``--max-running`` as waiting), or 404 (``--metrics none``), or a page that is not Prometheus text
+(``--metrics garbage``).
 """
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ import time
 from collections.abc import Iterator
 
 ERROR_MODEL_PREFIX = "fake-status-"
+FAKE_MODEL = "fake"
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
 METRICS_MODES = ("vllm", "none", "garbage")
-MODELS = {"object": "list", "data": [{"id": "fake", "object": "model"}]}
 
 
 class FakeState:
@@ -43,7 +44,7 @@ class FakeState:
 
     def metrics_page(self) -> str:
         usage = self.running / self.max_running if self.max_running else 0.0
-        label = '{model_name="fake"}'
+        label = f'{{model_name="{FAKE_MODEL}"}}'
         return "".join(f"# TYPE {name} {kind}\n{name}{suffix}{label} {value}\n" for name, kind, suffix, value in (
             ("vllm:num_requests_running", "gauge", "", self.running),
             ("vllm:num_requests_waiting", "gauge", "", self.waiting),
@@ -98,6 +99,11 @@ async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: fl
     writer.write(_sse(final) + _sse("[DONE]") + b"0\r\n\r\n")
 
 
+def _models_response() -> bytes:
+    body = json.dumps({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}).encode()
+    return f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+
+
 def _error_response(status: int) -> bytes:
     body = json.dumps({"error": {"message": f"fake error {status}", "type": "fake", "code": status}}).encode()
     return (f"HTTP/1.1 {status} Fake Error\r\ncontent-type: application/json\r\n"
@@ -106,11 +112,10 @@ def _error_response(status: int) -> bytes:
 
 def _get_response(path: str, state: FakeState, metrics: str) -> bytes:
     if path == "/v1/models":
-        body, kind = json.dumps(MODELS), "application/json"
-    elif path == "/metrics" and metrics != "none":
-        body, kind = (state.metrics_page(), "text/plain") if metrics == "vllm" else ("<html>no</html>", "text/html")
-    else:
+        return _models_response()
+    if path != "/metrics" or metrics == "none":
         return _error_response(404)
+    body, kind = (state.metrics_page(), "text/plain") if metrics == "vllm" else ("<html>no</html>", "text/html")
     data = body.encode()
     return f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from stallfree.engine import choose_dtype
 from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA
 from stallfree.loadgen.sweep.config_check import ConfigError, validate_cli
 from tests.helpers.bench import bench, kill_after_first_run, run_dirs
@@ -26,6 +27,7 @@ def check_sweep(exp_dir: Path, target: str, with_batches: bool) -> None:
     for d, s in zip(dirs, summaries, strict=True):
         assert s["run_id"] == d.name and s["experiment"] == exp_dir.name and s["target"] == target
         assert s["completed"] == 4 and s["failed"] == 0 and s["slo_tbt_ms"] > 0
+        assert s["dtype"] == choose_dtype("auto", "auto").name  # tiny's model.dtype, as the engine resolved it
         requests = pd.read_parquet(d / "requests.parquet")
         assert list(requests.columns) == REQUESTS_SCHEMA.names and (requests["output_tokens"] == 8).all()
         config = yaml.safe_load((d / "config.yaml").read_text())
@@ -112,6 +114,21 @@ def test_validate_cli_checks_every_swept_value(args, message):
 def test_validate_cli_accepts_the_presets():
     for preset in ("demo", "pareto", "capacity", "stall"):
         validate_cli([f"+experiment={preset}", "-m"])
+
+
+@pytest.mark.slow
+def test_a_run_says_and_records_its_dtype(tmp_path):
+    """model.dtype=auto resolved as the engine does on this machine: on a line when the engine is built, in
+    summary.json, and in the experiment's summary.parquet."""
+    done = bench(["model.runner=simulated", "model.clock=virtual", "num_requests=2", "workload=fixed",
+                  "workload.lengths.prompt=8", "workload.lengths.output=4", "slo.tbt_ms=1000", "experiment_name=dt",
+                  f"results_dir={tmp_path}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    expected = choose_dtype("auto", "auto")
+    assert f"[target] tiny in this process: dtype {expected}" in done.stdout.splitlines()
+    [run_dir] = run_dirs(tmp_path / "dt")
+    assert json.loads((run_dir / "summary.json").read_text())["dtype"] == expected.name
+    assert pd.read_parquet(tmp_path / "dt" / "summary.parquet")["dtype"].tolist() == [expected.name]
 
 
 @pytest.mark.slow
