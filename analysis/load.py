@@ -129,6 +129,14 @@ def load_batches(source: Source) -> pd.DataFrame:
     )
 
 
+def load_server_metrics(source: Source) -> pd.DataFrame:
+    """One row per metric of each scrape of the server's /metrics (server_metrics.parquet: `time`,
+    `metric` in loadgen's vocabulary, e.g. `requests_waiting`, `value`, `series`: the engine's own name),
+    with run keys; runs without the file (target=inprocess) have no rows."""
+    server = _per_run(source, "server_metrics.parquet")
+    return server.reindex(columns=[*RUN_KEYS, "time", "metric", "value", "series"]) if server.empty else server
+
+
 def coverage_note(runs: pd.DataFrame) -> str:
     """Markdown line: runs per config, and what the loaded results lack."""
     if runs.empty:
@@ -141,7 +149,8 @@ def coverage_note(runs: pd.DataFrame) -> str:
         notes.append(f"No runs for policies: {', '.join(missing)}.")
     disturbed = runs.loc[disturbed_mask(runs), "run_id"]
     if len(disturbed):
-        notes.append(f"**Disturbed runs** (the engine got too little of the CPU it asked for; drawn hollow): "
+        notes.append("**Disturbed runs** (the engine, or a url run's load generator, got too little of the CPU it "
+                     "asked for; drawn hollow): "
                      f"{', '.join(disturbed.astype(str))}.")
     experiments = sorted(runs["experiment"].astype(str).unique())
     if len(experiments) > 1:

@@ -20,6 +20,7 @@ from stallfree.analysis.figure_style import finish, log_scale, message, style
 from stallfree.analysis.load import NO_CHUNK, POLICIES
 from stallfree.analysis.pareto import pareto_front
 from stallfree.analysis.repeats import repeat_summary
+from stallfree.analysis.server_panels import NO_SERVER_METRICS, QUEUE_COLORS, server_panels
 from stallfree.analysis.stalls import long_requests
 
 LABELS = {
@@ -105,8 +106,8 @@ def _mark_disturbed(fig: Figure, ax: Axes, points: pd.DataFrame, x: str, y: str,
     ax.scatter(disturbed[x], disturbed[y], s=90, facecolors="white",
                edgecolors=[palette[s] for s in disturbed["scheduler"]], linewidths=2.0, zorder=4)
     names = ", ".join(run for runs in disturbed["disturbed_runs"] for run in runs)
-    fig.supxlabel(f"hollow: disturbed runs (the engine got too little of the CPU it asked for): {names}", fontsize=8, color="0.3",
-                  ha="left", x=0.01, wrap=True)
+    fig.supxlabel("hollow: disturbed runs (the engine, or a url run's load generator, got too little of the CPU "
+                  f"it asked for): {names}", fontsize=8, color="0.3", ha="left", x=0.01, wrap=True)
 
 
 def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
@@ -152,22 +153,28 @@ def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure
 
 def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.DataFrame,
                         slos: Mapping[str, float] | None = None, n_requests: int = 3,
-                        save: str | Path | None = None) -> Figure:
-    """Per run (columns): prefill / decode tokens per iteration, iteration time, and the TBT of a few
-    long-running requests (`stalls.long_requests`), on one time axis (s since the run's first
-    iteration or token) over the longest request's lifetime. Shaded: decode stalls (prefill-only
-    iterations while other requests wait for their next token). Without batch records only the TBT
-    row is drawn."""
+                        save: str | Path | None = None, server: pd.DataFrame | None = None) -> Figure:
+    """Per run (columns), on one time axis (s since the run's first iteration or token) over the longest
+    request's lifetime: with batch records (our engine), prefill / decode tokens per iteration and
+    iteration time (and MFU / MBU where known); for every run, the server's queue (requests running and
+    waiting) and KV-cache usage from its /metrics (`server`: `load.load_server_metrics`; the queue from
+    the batch records where a run has no scrapes), and the TBT of a few long-running requests
+    (`stalls.long_requests`). Shaded: decode stalls (prefill-only iterations while other requests wait for
+    their next token). A run with neither says why in its panel (its summary's `server_metrics_reason`)."""
     followed = long_requests(gaps, n_requests)
     if runs.empty or followed.empty:
         return message("No runs with per-token times to draw a stall timeline.", save)
     batches = batches[batches["run_id"].isin(runs["run_id"])]
+    server = NO_SERVER_METRICS if server is None else server
     utilisation = bool("mfu" in batches and batches["mfu"].notna().any())
-    labels = ["Tokens per iteration", "Iteration time (ms)", *(["MFU / MBU (%)"] * utilisation),
-              "TBT (ms)"][-1 if batches.empty else 0:]
+    batch_rows = [] if batches.empty else ["Tokens per iteration", "Iteration time (ms)",
+                                           *(["MFU / MBU (%)"] * utilisation)]
+    labels = [*batch_rows, "Requests", "KV cache used (%)", "TBT (ms)"]
+    ratios = [1.0] * len(batch_rows) + [0.7, 0.7, 1.0]
     with style():
-        fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * len(labels) + 0.6), layout="constrained")
-        axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False)
+        fig = Figure(figsize=(5.2 * len(runs) + 1.8, 2.7 * sum(ratios) + 0.6), layout="constrained")
+        axes = fig.subplots(len(labels), len(runs), sharex="col", sharey="row", squeeze=False,
+                            gridspec_kw={"height_ratios": ratios})
         windows = {}
         for run in runs.itertuples():
             run_followed = followed[followed["run_id"] == run.run_id]
@@ -186,15 +193,20 @@ def stall_timeline_plot(runs: pd.DataFrame, batches: pd.DataFrame, gaps: pd.Data
             if pd.notna(lo) and span > 0:
                 col[-1].set_xlim(lo - t0, hi - t0)
             _tbt_panel(col[-1], run_followed, t0, slos or {})
-            if len(labels) >= 3:
+            run_server = server[server["run_id"] == run.run_id]
+            server_panels(col[-3:-1], run_server, run_batches, t0, getattr(run, "server_metrics_reason", None))
+            if batch_rows:
                 visible = (run_batches["end_time"] >= lo) & (run_batches["start_time"] <= hi)
-                _batch_panels(col, run_batches[visible], t0)
+                _batch_panels(col[:len(batch_rows)], run_batches[visible], t0)
                 if utilisation:
                     _utilisation_panel(col[2], run_batches[visible], t0)
         for ax, label in zip(axes[:, 0], labels, strict=True):
             ax.set_ylabel(label)
         log_scale(axes[-1, 0], "y")
-        if len(labels) >= 3:
+        axes[-3, -1].legend(handles=[Line2D([], [], color=c, label=m.removeprefix("requests_"))
+                                     for m, c in QUEUE_COLORS.items()],
+                            loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        if batch_rows:
             log_scale(axes[1, 0], "y")
             axes[0, -1].legend(handles=[Patch(color=KIND_COLORS["prefill"], label="prefill tokens"),
                                         Patch(color=KIND_COLORS["decode"], label="decode tokens"),

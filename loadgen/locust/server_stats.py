@@ -1,6 +1,8 @@
-"""The server's side of the Locust LLM tab: each window's mean MFU and MBU of the engine's iterations, from the
-``stallfree:iteration_mfu`` / ``stallfree:iteration_mbu`` histograms on the target's /metrics (the increase of
-_sum over the increase of _count between two scrapes). Plain Python, no Locust; the tab polls it."""
+"""The server's side of the Locust LLM tab, from the target's /metrics read in loadgen's vocabulary
+(loadgen.targets.server_vocabulary), whatever the engine: each window's peak of waiting requests and of
+KV-cache usage, and, from stallfree's own server, the mean MFU and MBU of the engine's iterations (the
+increase of its ``stallfree:iteration_mfu`` / ``_mbu`` histograms' _sum over the increase of their _count
+between two scrapes). Plain Python, no Locust; the tab polls it."""
 from __future__ import annotations
 
 import http.client
@@ -8,24 +10,18 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from stallfree.loadgen.locust.llm_stats import WHOLE_RUN, WINDOW_S
+from stallfree.loadgen.targets.server_vocabulary import read_page
 
-SERIES = {"mfu": "stallfree:iteration_mfu", "mbu": "stallfree:iteration_mbu"}
-COLUMNS = {"mfu_pct": "MFU %", "mbu_pct": "MBU %"}
+UTILISATION = ("mfu", "mbu")  # stallfree's iteration_<u>_sum / _count counters
+PEAKS = ("requests_waiting", "kv_cache_usage")  # gauges: each window's highest scrape
+COLUMNS = {"mfu_pct": "MFU %", "mbu_pct": "MBU %", "requests_waiting_peak": "waiting (server, peak)",
+           "kv_cache_usage_peak_pct": "KV cache % (peak)"}
 
 
-def parse_utilisation(text: str) -> dict[str, float]:
-    """The _sum and _count of each series (summed over labels) in a /metrics page; {} without them."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            for key, series in SERIES.items():
-                for part in ("sum", "count"):
-                    if sample.name == f"{series}_{part}":
-                        out[f"{key}_{part}"] = out.get(f"{key}_{part}", 0.0) + sample.value
-    return out
+def parse_page(text: str) -> dict[str, float]:
+    """A /metrics page's values in loadgen's vocabulary; {} for an engine it does not know."""
+    return {sample.metric: sample.value for sample in read_page(text).samples}
 
 
 def fetch_metrics(url: str, headers: dict[str, str], timeout_s: float = 5.0) -> str:
@@ -34,7 +30,8 @@ def fetch_metrics(url: str, headers: dict[str, str], timeout_s: float = 5.0) -> 
 
 
 class ServerUtilisation:
-    """Per-window increases of the series, from successive scrapes (``poll``); a failed scrape is skipped."""
+    """Per-window increases of the utilisation counters and peaks of the gauges, from successive scrapes
+    (``poll``); a failed scrape is skipped."""
 
     def __init__(self, host: str, api_key: str | None = None, fetch: Callable[[str, dict], str] = fetch_metrics):
         self.url = host.rstrip("/") + "/metrics"
@@ -49,20 +46,31 @@ class ServerUtilisation:
     def poll(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         try:
-            sample = parse_utilisation(self.fetch(self.url, self.headers))
+            sample = parse_page(self.fetch(self.url, self.headers))
         except (OSError, ValueError, http.client.HTTPException):  # a server cut off mid-page at the stop
             return
-        if self.last is not None and sample:
+        if sample:
             begin = self.start + max(0, (now - self.start) // WINDOW_S) * WINDOW_S
             name = time.strftime("%H:%M:%S", time.localtime(begin))
             for window in (self.windows.setdefault(name, {}), self.windows.setdefault(WHOLE_RUN, {})):
-                for key, value in sample.items():
-                    window[key] = window.get(key, 0.0) + value - self.last.get(key, 0.0)
+                for key in (f"iteration_{u}_{part}" for u in UTILISATION for part in ("sum", "count")):
+                    if self.last is not None and key in sample:
+                        window[key] = window.get(key, 0.0) + sample[key] - self.last.get(key, 0.0)
+                for key in PEAKS:
+                    if key in sample:
+                        window[f"{key}_peak"] = max(window.get(f"{key}_peak", 0.0), sample[key])
         self.last = sample or self.last
 
     def columns(self, window: str) -> dict[str, float | str]:
-        """MFU % and MBU % of a window (its name as in the LLM tab's rows; 3 significant digits); "" without
-        iterations."""
+        """MFU %, MBU %, peak waiting requests and peak KV-cache % of a window (its name as in the LLM tab's
+        rows; 3 significant digits); "" where the server did not say."""
         sums = self.windows.get(window, {})
-        return {f"{key}_pct": float(f"{100 * sums[f'{key}_sum'] / sums[f'{key}_count']:.3g}")
-                if sums.get(f"{key}_count") else "" for key in SERIES}
+        utilisation = {f"{u}_pct": _3g(100 * sums[f"iteration_{u}_sum"] / sums[f"iteration_{u}_count"])
+                       if sums.get(f"iteration_{u}_count") else "" for u in UTILISATION}
+        waiting, kv = sums.get("requests_waiting_peak"), sums.get("kv_cache_usage_peak")
+        return {**utilisation, "requests_waiting_peak": "" if waiting is None else _3g(waiting),
+                "kv_cache_usage_peak_pct": "" if kv is None else _3g(100 * kv)}
+
+
+def _3g(value: float) -> float:
+    return float(f"{value:.3g}")

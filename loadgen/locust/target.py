@@ -4,7 +4,8 @@ or a running server (``target.url``).
 
 Locust gets the run's exact requests (``--specs-file``; with ``target.workers`` > 1 one master and that
 many worker processes, worker i sending every W-th request) and ends once all of them have ended. Its
-records become requests.parquet / summary.json as for the other targets; its own outputs (CSV, HTML
+records become requests.parquet / summary.json as for the other targets, and the server's /metrics is
+scraped meanwhile as for target=http / url (loadgen.targets.server_metrics); its own outputs (CSV, HTML
 report, log, raw records) go to ``<run_dir>/locust/``.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.openai_server import settled_shape
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import describe_server
+from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import RequestSpec, with_text_prompts
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
@@ -106,7 +108,7 @@ class LocustTarget:
             self._resources.close()
             raise
         self.workers, self.timeout_s, self.max_in_flight = t.workers, t.timeout_s, t.max_in_flight
-        self.endpoint = t.endpoint
+        self.endpoint, self.metrics_interval_s = t.endpoint, t.metrics_interval_s
         self.work_dir = log_dir / "locust"
         self.output: Path | None = None  # the last replay's outputs, until finalize claims them
 
@@ -117,14 +119,15 @@ class LocustTarget:
         self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
         if self.texts is not None:
             specs = with_text_prompts(specs, self.texts)
-        records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
-                             timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
-                             endpoint=self.endpoint, ignore_eos=self.request_shape.ignore_eos)
+        with MetricsScraper(self.url, self.metrics_interval_s) as scraper:
+            records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
+                                 timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
+                                 endpoint=self.endpoint, ignore_eos=self.request_shape.ignore_eos)
         for i, record in enumerate(records):
             record.is_warmup = i < warmup
             if progress is not None:
                 progress(record)
-        return Replay(records, None)
+        return Replay(records, None, scraper.result)
 
     def finalize(self, run_dir: Path) -> None:
         """Move the last replay's Locust outputs into ``run_dir/locust/``."""

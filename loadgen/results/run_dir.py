@@ -1,8 +1,11 @@
 """Run outputs: results/<experiment>/<run_id>/{config.yaml, requests.parquet, batches.parquet,
-summary.json}, written into a temporary directory and renamed when complete, and
+server_metrics.parquet, summary.json}, written into a temporary directory and renamed when complete, and
 results/<experiment>/summary.parquet with one row per complete run.
 
 requests.parquet has one row per RequestRecord; its schema is derived from the dataclass's fields.
+server_metrics.parquet is long: one row per metric of each scrape of the server's /metrics
+(loadgen.targets.server_metrics).
+
 A directory that cannot be written (no permission, a read-only or full filesystem, a file in the path)
 raises ResultsDirError, and nothing half-written is left to count as a complete run.
 """
@@ -48,6 +51,8 @@ def arrow_schema(record_type: type) -> pa.Schema:
 
 
 REQUESTS_SCHEMA = arrow_schema(RequestRecord)
+SERVER_METRICS_SCHEMA = pa.schema([("time", pa.float64()), ("metric", pa.string()), ("value", pa.float64()),
+                                   ("series", pa.string())])
 
 
 def _remove(path: Path) -> None:
@@ -96,11 +101,14 @@ def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
 
 
 def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: Sequence[RequestRecord],
-              summary: dict, batches: list[dict] | None = None) -> Path:
+              summary: dict, batches: list[dict] | None = None,
+              server_metrics: list[dict] | None = None) -> Path:
     """Write one run into ``exp_dir/.<run_id>.tmp-<pid>`` and rename it to ``exp_dir/<run_id>``.
 
-    ``config`` is a dict or already-rendered YAML; ``requests`` become requests.parquet. An
-    existing run directory of the same id is replaced. Returns the run directory.
+    ``config`` is a dict or already-rendered YAML; ``requests`` become requests.parquet, ``batches``
+    batches.parquet and ``server_metrics`` (rows of SERVER_METRICS_SCHEMA, possibly none)
+    server_metrics.parquet, each when given. An existing run directory of the same id is replaced.
+    Returns the run directory.
     """
     exp_dir = Path(exp_dir)
     final, tmp = exp_dir / run_id, exp_dir / f".{run_id}.tmp-{os.getpid()}"
@@ -113,6 +121,9 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
                                              schema=REQUESTS_SCHEMA), tmp / "requests.parquet")
         if batches is not None:
             pq.write_table(pa.Table.from_pylist(batches), tmp / "batches.parquet")
+        if server_metrics is not None:
+            pq.write_table(pa.Table.from_pylist(server_metrics, schema=SERVER_METRICS_SCHEMA),
+                           tmp / "server_metrics.parquet")
         clean = {key: _json_value(value) for key, value in summary.items()}
         (tmp / "summary.json").write_text(json.dumps(clean, indent=2, default=str) + "\n")
         shutil.rmtree(final, ignore_errors=True)

@@ -84,6 +84,7 @@ class TargetGroup:
     token_ids: str = "auto"  # HTTP: token-id prompts (true), text (false), or token ids when the server takes them
     ignore_eos: str = "auto"  # HTTP: send ignore_eos (true), never (false), or when the server takes it
     tokenizer: str | None = None  # url, locust: text prompts of the workload's lengths (None: the workload's)
+    metrics_interval_s: float | None = 0.5  # http, url, locust: the server's /metrics scraped this often; None: never
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
@@ -95,6 +96,7 @@ class TargetGroup:
                 "an integer >= 1 or null", self.max_in_flight)
         require(self.endpoint is None or self.endpoint in ENDPOINT_PATHS, "target.endpoint",
                 f"one of {sorted(ENDPOINT_PATHS)}", self.endpoint)
+        _positive("target.metrics_interval_s", self.metrics_interval_s, optional=True)
         require(0 <= self.client_nice <= 19, "target.client_nice", "an integer in [0, 19]", self.client_nice)
         for key in ("token_ids", "ignore_eos"):  # YAML's true / false arrive as "True" / "False"
             setattr(self, key, str(getattr(self, key)).lower())

@@ -11,6 +11,10 @@ Also recorded: the engine process's CPU time against wall x its threads, the loa
 and share of all CPUs when it runs in a process of its own, the other processes' share (``/proc/stat``
 minus the engine and the load generator), steal time and the 1-minute load average; and ``Placement``:
 the CPUs and nice value the load generator and the engine ran with.
+
+An engine elsewhere (target=url) cannot be watched; there the load generator (this process) is: its
+threads' ``loadgen_sched_share`` (ran / (ran + waited)) below the same bound makes the run disturbed, a
+client too starved to send and time on schedule (``compare_client``).
 """
 from __future__ import annotations
 
@@ -57,44 +61,82 @@ def sample(pid: int) -> CpuSample:
 
 @dataclass
 class CpuReport:
-    engine_cpu_share: float | None  # ran / (ran + waited runnable), over the engine's threads
-    engine_cpu_s: float
-    engine_run_delay_s: float
-    engine_threads: int
-    engine_cpu_per_thread_wall: float  # engine CPU time / (wall x threads)
+    # ran / (ran + waited runnable), over the engine's threads; None: it asked for nothing, or runs elsewhere
+    engine_cpu_share: float | None
+    engine_cpu_s: float | None  # None (as for the other engine fields): the engine runs elsewhere (target=url)
+    engine_run_delay_s: float | None
+    engine_threads: int | None
+    engine_cpu_per_thread_wall: float | None  # engine CPU time / (wall x threads)
     # the load generator's CPU time, and that / all CPU time; None when it runs in the engine's process
     loadgen_cpu_s: float | None
     loadgen_cpu_share: float | None
+    # ran / (ran + waited runnable) over the load generator's threads, measured when the engine runs elsewhere
+    loadgen_sched_share: float | None
     others_cpu_share: float  # busy CPU time of other processes / all CPU time
     steal_share: float
     load_avg_1m: float
     wall_s: float
     disturbed: bool
+    disturbed_reason: str | None  # which side got too little of the CPU it asked for
 
     def as_summary(self) -> dict:
         return asdict(self)
 
 
+def _ran_and_waited(start: CpuSample, end: CpuSample) -> tuple[float, float]:
+    """Seconds the sampled process's threads ran, and waited runnable for a CPU, between the samples."""
+    ran = sum(r - start.thread_ns.get(tid, (0, 0))[0] for tid, (r, _) in end.thread_ns.items()) / 1e9
+    waited = sum(w - start.thread_ns.get(tid, (0, 0))[1] for tid, (_, w) in end.thread_ns.items()) / 1e9
+    return ran, waited
+
+
+def _starved(share: float | None, min_share: float, who: str) -> str | None:
+    """Why a run is disturbed when ``who`` got ``share`` of the CPU it asked for; None: it is not."""
+    return f"{who} got {share:.0%} of the CPU it asked for" if share is not None and share < min_share else None
+
+
+def _machine(start: CpuSample, end: CpuSample) -> tuple[float, float, float]:
+    """All CPU time, idle CPU time, and the steal share between the samples (/proc/stat)."""
+    ticks = [b - a for a, b in zip(start.cpu_ticks, end.cpu_ticks, strict=True)]
+    total_s = max(sum(ticks), 1) * TICK_S
+    return total_s, (ticks[3] + ticks[4]) * TICK_S, ticks[7] * TICK_S / total_s
+
+
 def compare(start: CpuSample, end: CpuSample, same_process: bool, min_share: float = MIN_CPU_SHARE) -> CpuReport:
     """The report of the interval between two samples of one engine process. ``same_process``: the
     engine runs in this process (its CPU time is counted once among the others)."""
-    ran = sum(r - start.thread_ns.get(tid, (0, 0))[0] for tid, (r, _) in end.thread_ns.items()) / 1e9
-    waited = sum(w - start.thread_ns.get(tid, (0, 0))[1] for tid, (_, w) in end.thread_ns.items()) / 1e9
+    ran, waited = _ran_and_waited(start, end)
     wall = end.wall_s - start.wall_s
-    ticks = [b - a for a, b in zip(start.cpu_ticks, end.cpu_ticks, strict=True)]
-    total_s = max(sum(ticks), 1) * TICK_S
-    idle_s = (ticks[3] + ticks[4]) * TICK_S
+    total_s, idle_s, steal = _machine(start, end)
     engine_s = end.engine_cpu_s - start.engine_cpu_s
     loadgen_s = None if same_process else end.own_cpu_s - start.own_cpu_s
     ours_s = engine_s + (loadgen_s or 0.0)
     share = ran / (ran + waited) if ran + waited > 0 else None
     threads = len(end.thread_ns)
+    reason = _starved(share, min_share, "the engine")
     return CpuReport(
         engine_cpu_share=share, engine_cpu_s=engine_s, engine_run_delay_s=waited, engine_threads=threads,
         engine_cpu_per_thread_wall=engine_s / (wall * threads) if wall > 0 and threads else 0.0,
         loadgen_cpu_s=loadgen_s, loadgen_cpu_share=None if loadgen_s is None else loadgen_s / total_s,
-        others_cpu_share=max(0.0, total_s - idle_s - ours_s) / total_s, steal_share=ticks[7] * TICK_S / total_s,
-        load_avg_1m=os.getloadavg()[0], wall_s=wall, disturbed=share is not None and share < min_share)
+        loadgen_sched_share=None, others_cpu_share=max(0.0, total_s - idle_s - ours_s) / total_s, steal_share=steal,
+        load_avg_1m=os.getloadavg()[0], wall_s=wall, disturbed=reason is not None, disturbed_reason=reason)
+
+
+def compare_client(start: CpuSample, end: CpuSample, min_share: float = MIN_CPU_SHARE) -> CpuReport:
+    """The report of the interval between two samples of this process, the load generator of an engine
+    elsewhere (target=url): the run is disturbed when the load generator got less than ``min_share`` of
+    the CPU it asked for (its send times and token receive times are then late)."""
+    ran, waited = _ran_and_waited(start, end)
+    total_s, idle_s, steal = _machine(start, end)
+    loadgen_s = end.own_cpu_s - start.own_cpu_s
+    share = ran / (ran + waited) if ran + waited > 0 else None
+    reason = _starved(share, min_share, "the load generator")
+    return CpuReport(
+        engine_cpu_share=None, engine_cpu_s=None, engine_run_delay_s=None, engine_threads=None,
+        engine_cpu_per_thread_wall=None, loadgen_cpu_s=loadgen_s, loadgen_cpu_share=loadgen_s / total_s,
+        loadgen_sched_share=share, others_cpu_share=max(0.0, total_s - idle_s - loadgen_s) / total_s,
+        steal_share=steal, load_avg_1m=os.getloadavg()[0], wall_s=end.wall_s - start.wall_s,
+        disturbed=reason is not None, disturbed_reason=reason)
 
 
 @dataclass
@@ -128,10 +170,13 @@ def placement(in_process: bool, engine_pid: int | None, client_nice: int = 0) ->
 
 class CpuMonitor:
     """``with CpuMonitor(pid) as monitor: ...``, then ``monitor.report`` (None: no pid to watch, e.g. a
-    remote server, or no /proc)."""
+    remote server driven by another process, or no /proc). ``client_side``: there is no engine here to
+    watch (pid None), this process is the load generator (target=url): watch it instead (compare_client)."""
 
-    def __init__(self, pid: int | None, min_share: float = MIN_CPU_SHARE):
-        self.pid = pid if pid is not None and Path(f"/proc/{pid}/task").is_dir() else None
+    def __init__(self, pid: int | None, min_share: float = MIN_CPU_SHARE, client_side: bool = False):
+        self.client_side = pid is None and client_side
+        watched = os.getpid() if self.client_side else pid
+        self.pid = watched if watched is not None and Path(f"/proc/{watched}/task").is_dir() else None
         self.min_share = min_share
         self.report: CpuReport | None = None
 
@@ -140,5 +185,8 @@ class CpuMonitor:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._start is not None and Path(f"/proc/{self.pid}/task").is_dir():
-            self.report = compare(self._start, sample(self.pid), self.pid == os.getpid(), self.min_share)
+        if self._start is None or not Path(f"/proc/{self.pid}/task").is_dir():
+            return
+        end = sample(self.pid)
+        self.report = (compare_client(self._start, end, self.min_share) if self.client_side
+                       else compare(self._start, end, self.pid == os.getpid(), self.min_share))

@@ -37,6 +37,7 @@ from stallfree.loadgen.sweep.plan import RunPlan, plan_run
 from stallfree.loadgen.sweep.progress import RunPart, current
 from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
+from stallfree.loadgen.targets.server_metrics import ServerMetrics, not_scraped
 from stallfree.loadgen.workload.request_specs import build_workload
 
 
@@ -45,8 +46,8 @@ def _fmt(value, spec: str = ".1f") -> str:
 
 
 def _disturbed_text(s: dict) -> str:
-    share = s.get("engine_cpu_share")
-    return " [disturbed]" if share is None else f" [disturbed: engine got {share:.0%} of its CPU]"
+    reason = s.get("disturbed_reason")
+    return f" [disturbed: {reason}]" if reason else " [disturbed]"
 
 
 def _report(status: str, plan: RunPlan, s: dict) -> None:
@@ -100,7 +101,16 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0)
         return {"disturbed": None}
     per_request = None if report.loadgen_cpu_s is None or not requests else report.loadgen_cpu_s * 1e3 / requests
     return {**report.as_summary(), "loadgen_cpu_ms_per_request": per_request,
-            "disturbed": report.disturbed and not virtual_time}
+            "disturbed": report.disturbed and not virtual_time,
+            "disturbed_reason": None if virtual_time else report.disturbed_reason}
+
+
+def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestRecord]) -> dict:
+    """The run's server metrics for its summary, over the arrival window of its measured requests (first
+    to last intended send); ``metrics`` None: a target without a server (inprocess)."""
+    sends = [r.intended_send_time for r in records if not r.is_warmup]
+    metrics = metrics or not_scraped("no server to scrape (target=inprocess)")
+    return metrics.summary((min(sends), max(sends)) if sends else None)
 
 
 def must_rerun(rerun: str, summary: dict) -> bool:
@@ -136,7 +146,9 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                            tokenizer=workload_tokenizer(cfg))
     desc = f"[{progress.position()}{progress.eta()}] {plan.run_id}"
     where = placement(cfg.target.kind == "inprocess", target.engine_pid, target.client_nice)
-    with (CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share) as cpu,
+    # an engine elsewhere: the load generator is watched instead when it is this process (not Locust's)
+    client_side = cfg.target.kind == "url"
+    with (CpuMonitor(target.engine_pid, cfg.min_engine_cpu_share, client_side) as cpu,
           tqdm(total=len(specs), desc=desc[:80], unit="req", leave=False, disable=None) as bar):
         replay = target.replay(specs, warmup=cfg.warmup, progress=lambda record: bar.update())
     if any(r.status == "aborted" for r in replay.records):  # the HTTP replay returns its records on Ctrl-C
@@ -154,16 +166,20 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **output_length_summary(replay.records),
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
+               **server_metrics_summary(replay.server_metrics, replay.records),
                **dataclasses.asdict(where)}
     with experiment_lock(plan.exp_dir):
         if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
             summary = _read_summary(plan)
         else:
-            run_dir = write_run(plan.exp_dir, plan.run_id, config=plan.config,
-                                requests=replay.records, summary=summary, batches=replay.batches)
+            run_dir = write_run(plan.exp_dir, plan.run_id, config=plan.config, requests=replay.records,
+                                summary=summary, batches=replay.batches,
+                                server_metrics=None if replay.server_metrics is None else replay.server_metrics.rows)
             target.finalize(run_dir)
         rebuild_experiment_summary(plan.exp_dir)
     _report("done", plan, summary)
+    if replay.server_metrics is not None and replay.server_metrics.reason and cfg.target.metrics_interval_s:
+        print(f"[server metrics] {plan.run_id}: none ({replay.server_metrics.reason})", flush=True)
     print(result_block(summary), flush=True)
     progress.run_ended(point, part, time.monotonic() - started, cached=False, summary=summary)
     return summary

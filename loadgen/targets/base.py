@@ -13,6 +13,7 @@ from stallfree.loadgen.workload.request_specs import RequestSpec
 
 if TYPE_CHECKING:
     from stallfree.loadgen.sweep.bench_schema import BenchConfig
+    from stallfree.loadgen.targets.server_metrics import ServerMetrics
 
 Progress = Callable[[RequestRecord], None]
 
@@ -36,6 +37,7 @@ ENGINE_SHAPE = RequestShape(token_ids=True, ignore_eos=True)  # an engine in thi
 class Replay:
     records: list[RequestRecord]  # one per spec, in spec order
     batches: list[dict] | None  # the engine's iterations during the replay, when the target can see them
+    server_metrics: ServerMetrics | None = None  # the server's /metrics during the replay; None: no server
 
 
 class Target(Protocol):

@@ -1,6 +1,7 @@
 """Targets that replay open loop over HTTP (loadgen.openai_client.openloop) on an OpenAI-compatible server:
 ``target=url``, a server already running, and ``target=http``, a ``stallfree-serve`` started for the
-run, whose engine iterations are recorded too (batches.parquet).
+run, whose engine iterations are recorded too (batches.parquet). Both scrape the server's /metrics
+during every replay (loadgen.targets.server_metrics).
 
 Each request's shape is settled once, when the target is made (loadgen.targets.server_check.probe_request_shape):
 text prompts unless token ids are asked for and taken (a spec without text gets one of its prompt length,
@@ -20,6 +21,7 @@ from stallfree.loadgen.targets.base import TARGETS, Progress, Replay, RequestSha
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
 from stallfree.loadgen.targets.server_check import describe_server, probe_request_shape
+from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import RequestSpec, with_text_prompts
 from stallfree.loadgen.workload.text_prompts import LengthTexts, load_tokenizer
 
@@ -47,6 +49,7 @@ class _OpenLoopHttpTarget:
         self.vocab_size = model_vocab_size(cfg)
         self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
         self.endpoint = cfg.target.endpoint
+        self.metrics_interval_s = cfg.target.metrics_interval_s
 
     def send(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> list[RequestRecord]:
         if self.texts is not None:
@@ -57,6 +60,13 @@ class _OpenLoopHttpTarget:
                                   nice=self.client_nice)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        with MetricsScraper(self.url, self.metrics_interval_s) as scraper:
+            replay = self.send_recorded(specs, warmup=warmup, progress=progress)
+        replay.server_metrics = scraper.result
+        return replay
+
+    def send_recorded(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        """``send``, with what else the target records of the replay."""
         return Replay(self.send(specs, warmup=warmup, progress=progress), None)
 
     def finalize(self, run_dir: Path) -> None:
@@ -94,7 +104,7 @@ class HttpTarget(_OpenLoopHttpTarget):
             self.close()
             raise
 
-    def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+    def send_recorded(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         poller = BatchPoller(self.url, since=time.time())
         try:
             records = self.send(specs, warmup=warmup, progress=progress)

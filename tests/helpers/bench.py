@@ -33,3 +33,24 @@ def kill_after_first_run(args: list[str], cwd: Path, exp_dir: Path, timeout: flo
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def url_run(url: str, results_dir: Path, *overrides: str) -> dict:
+    """One run (in this process) of the tiny model's fixed workload on the running server at ``url``
+    (target=url, an absolute SLO: no probe); its summary. Results go to results_dir/default/."""
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.loadgen.sweep.bench_schema import load_bench
+    from stallfree.loadgen.sweep.config_check import CONF_DIR
+    from stallfree.loadgen.sweep.live_target import LiveTarget
+    from stallfree.loadgen.sweep.point import run_point
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", [
+            "model=tiny", "workload=fixed", "target=url", f"target.url={url}", "slo.tbt_ms=1000",
+            "min_engine_cpu_share=0", f"results_dir={results_dir}", *overrides]))
+    targets = LiveTarget()
+    try:
+        return run_point(cfg, targets)
+    finally:
+        targets.close()

@@ -14,7 +14,12 @@ lists MODEL owned by OWNER, and every response carries a ``Server`` header. Beha
 stallfree's, for the harness's tests: ``--stop-after N`` ends every stream after at most N tokens (finish_reason
 "stop"), as a server that ignores ``ignore_eos`` does; ``--reject-token-ids`` / ``--reject-ignore-eos`` answer a
 token-id prompt / an ``ignore_eos`` field with an OpenAI-style HTTP 400; ``--die-after N`` exits the process
-when completion request N + 1 arrives (every connection drops).
+when completion request N + 1 arrives (every connection drops); ``--max-running N`` streams at most N requests
+at a time, the others wait (first come, first served): a server that falls behind.
+
+``GET /metrics`` serves vLLM-named series of its real state (``--metrics vllm``, the default: streams in
+progress as running, requests held back by ``--max-running`` as waiting), or 404 (``--metrics none``), or a
+page that is not Prometheus text (``--metrics garbage``).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ ERROR_MODEL_PREFIX = "fake-status-"
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
+METRICS_MODES = ("vllm", "none", "garbage")
 
 
 @dataclass
@@ -47,6 +53,8 @@ class FakeBehaviour:
     reject_token_ids: bool = False
     reject_ignore_eos: bool = False
     die_after: int | None = None
+    max_running: int = 0  # 0: no cap
+    metrics: str = "vllm"  # METRICS_MODES
     completions_seen: int = 0
 
     def args(self) -> list[str]:
@@ -56,7 +64,7 @@ class FakeBehaviour:
         flags += ["--stop-after", str(self.stop_after)] if self.stop_after is not None else []
         flags += ["--die-after", str(self.die_after)] if self.die_after is not None else []
         flags += ["--reject-token-ids"] * self.reject_token_ids + ["--reject-ignore-eos"] * self.reject_ignore_eos
-        return flags
+        return flags + ["--max-running", str(self.max_running), "--metrics", self.metrics]
 
     def rejection(self, request: dict) -> str | None:
         """Why this request shape is refused (None: it is not)."""
@@ -65,6 +73,46 @@ class FakeBehaviour:
         if self.reject_ignore_eos and "ignore_eos" in request:
             return "Unrecognized request argument supplied: ignore_eos"
         return None
+
+
+class FakeState:
+    """What the fake's /metrics reports: its streams in progress and waiting, and counters."""
+
+    def __init__(self, behaviour: FakeBehaviour):
+        self.behaviour = behaviour
+        self.slots = asyncio.Semaphore(behaviour.max_running) if behaviour.max_running else None
+        self.running = self.waiting = self.prompt_tokens = 0
+
+    def metrics_page(self) -> str:
+        cap = self.behaviour.max_running
+        usage = self.running / cap if cap else 0.0
+        label = f'{{model_name="{self.behaviour.model}"}}'
+        return "".join(f"# TYPE {name} {kind}\n{name}{suffix}{label} {value}\n" for name, kind, suffix, value in (
+            ("vllm:num_requests_running", "gauge", "", self.running),
+            ("vllm:num_requests_waiting", "gauge", "", self.waiting),
+            ("vllm:kv_cache_usage_perc", "gauge", "", usage),
+            ("vllm:num_preemptions", "counter", "_total", 0),
+            ("vllm:prefix_cache_queries", "counter", "_total", self.prompt_tokens),
+            ("vllm:prefix_cache_hits", "counter", "_total", 0),
+        ))
+
+    @contextlib.asynccontextmanager
+    async def slot(self, request: dict):
+        """A running place for the request: counted waiting until ``--max-running`` lets it in."""
+        self.waiting += 1
+        try:
+            if self.slots is not None:
+                await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        self.prompt_tokens += _prompt_tokens(request.get("prompt") or "")
+        try:
+            yield
+        finally:
+            self.running -= 1
+            if self.slots is not None:
+                self.slots.release()
 
 
 def _sse(obj: dict | str) -> bytes:
@@ -113,8 +161,14 @@ def _error_response(status: int, message: str | None = None) -> bytes:
     return _json_response(status, {"error": error})
 
 
-def _describe(path: str, behaviour: FakeBehaviour) -> bytes:
-    """The answer to a GET: /version, /v1/models, else 404."""
+def _describe(path: str, state: FakeState) -> bytes:
+    """The answer to a GET: /version, /v1/models, /metrics, else 404."""
+    behaviour = state.behaviour
+    if path == "/metrics" and behaviour.metrics != "none":
+        body, kind = (state.metrics_page(), "text/plain") if behaviour.metrics == "vllm" else ("<html>no</html>",
+                                                                                               "text/html")
+        data = body.encode()
+        return f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data
     if path == "/version":
         return _json_response(200, {"version": behaviour.version}, behaviour.server_header)
     if path == "/v1/models":
@@ -124,7 +178,8 @@ def _describe(path: str, behaviour: FakeBehaviour) -> bytes:
 
 
 async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            ttft_s: float, tbt_s: float, behaviour: FakeBehaviour) -> None:
+                            ttft_s: float, tbt_s: float, state: FakeState) -> None:
+    behaviour = state.behaviour
     with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
         while True:  # keep-alive: one request after another on this connection
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
@@ -134,7 +189,7 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
             request = json.loads(await reader.readexactly(length)) if length else {}
             model = request.get("model", "")
             if method == "get":
-                writer.write(_describe(path, behaviour))
+                writer.write(_describe(path, state))
             elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))
             elif (reason := behaviour.rejection(request)) is not None:
@@ -143,14 +198,16 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                 behaviour.completions_seen += 1
                 if behaviour.die_after is not None and behaviour.completions_seen > behaviour.die_after:
                     os._exit(1)  # a server that dies: every connection drops at once
-                await _stream_tokens(writer, request, ttft_s, tbt_s, behaviour)
+                async with state.slot(request):
+                    await _stream_tokens(writer, request, ttft_s, tbt_s, behaviour)
             await writer.drain()
     writer.close()
 
 
 async def _main(ttft_ms: float, tbt_ms: float, behaviour: FakeBehaviour) -> None:
+    state = FakeState(behaviour)
     server = await asyncio.start_server(
-        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, behaviour), "127.0.0.1", 0,
+        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, state), "127.0.0.1", 0,
         backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()
@@ -177,11 +234,13 @@ def realtime_priority() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0,
-                        behaviour: FakeBehaviour | None = None) -> Iterator[str]:
-    """Start the fake in a subprocess; yield its base URL; stop it on exit."""
+def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0, behaviour: FakeBehaviour | None = None,
+                        **fields) -> Iterator[str]:
+    """Start the fake in a subprocess; yield its base URL; stop it on exit. ``fields``: of a FakeBehaviour,
+    when no ``behaviour`` is given (e.g. ``max_running=2``, ``metrics="none"``)."""
+    behaviour = behaviour or FakeBehaviour(**fields)
     proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms),
-                             *(behaviour or FakeBehaviour()).args()], stdout=subprocess.PIPE, text=True)
+                             *behaviour.args()], stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline().split()[1])
         yield f"http://127.0.0.1:{port}"
@@ -202,8 +261,11 @@ if __name__ == "__main__":
     parser.add_argument("--die-after", type=int, default=None)
     parser.add_argument("--reject-token-ids", action="store_true")
     parser.add_argument("--reject-ignore-eos", action="store_true")
+    parser.add_argument("--max-running", type=int, default=0, help="streams at once; more wait (0: no cap)")
+    parser.add_argument("--metrics", choices=METRICS_MODES, default="vllm")
     args = parser.parse_args()
     fake = FakeBehaviour(args.model, args.owned_by, args.version, args.server_header, args.stop_after,
-                         args.reject_token_ids, args.reject_ignore_eos, args.die_after)
+                         args.reject_token_ids, args.reject_ignore_eos, args.die_after, args.max_running,
+                         args.metrics)
     with realtime_priority():
         asyncio.run(_main(args.ttft_ms, args.tbt_ms, fake))

@@ -85,6 +85,7 @@ def test_http_sweep_restarts_the_server_only_for_server_knobs(tmp_path):
     (["workload.lengths.name=missing_trace"], "workload.lengths.name: trace name 'missing_trace'"),
     (["no_such_key=1"], "no_such_key: unknown key"),
     (["model.runner=simulated", "model.clock=virtual", "target=http"], "model.clock must be 'real' unless"),
+    (["target=http", "target.metrics_interval_s=0"], "target.metrics_interval_s must be a number > 0 or null"),
 ])
 def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
     done = bench([*args, f"results_dir={tmp_path}"], tmp_path, timeout=60)

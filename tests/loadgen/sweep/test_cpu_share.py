@@ -12,7 +12,14 @@ from hydra import compose, initialize_config_dir
 
 from stallfree.loadgen.sweep.bench_schema import load_bench
 from stallfree.loadgen.sweep.config_check import CONF_DIR
-from stallfree.loadgen.sweep.cpu_share import TICK_S, CpuMonitor, CpuSample, compare, placement
+from stallfree.loadgen.sweep.cpu_share import (
+    TICK_S,
+    CpuMonitor,
+    CpuSample,
+    compare,
+    compare_client,
+    placement,
+)
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import cpu_summary, run_point
 from stallfree.loadgen.targets.inprocess import replay
@@ -35,6 +42,7 @@ def test_share_is_what_the_engine_ran_of_what_it_asked_for():
     report = compare(start, end, same_process=True)
     assert report.engine_cpu_share == pytest.approx(9 / 11)
     assert report.disturbed and report.engine_run_delay_s == pytest.approx(2.0)
+    assert report.disturbed_reason == "the engine got 82% of the CPU it asked for"
     assert report.engine_threads == 3 and report.engine_cpu_per_thread_wall == pytest.approx(9 / 30)
     assert report.others_cpu_share == pytest.approx((20 - 5 - 9) / 20)
     assert report.steal_share == pytest.approx(1 / 20)
@@ -80,6 +88,26 @@ def test_an_idle_engine_is_not_disturbed():
     start = _sample(0.0, {1: (5, 5)}, 0.0, [0] * 8)
     report = compare(start, _sample(1.0, {1: (5, 5)}, 0.0, [0, 0, 0, 100, 0, 0, 0, 0]), same_process=True)
     assert report.engine_cpu_share is None and not report.disturbed
+
+
+def test_a_starved_load_generator_disturbs_a_run_on_a_server_elsewhere():
+    """target=url: no engine here to watch; the load generator's own threads are (client side)."""
+    total = round(20 / TICK_S)  # 10 s of 2 CPUs, 4 s of them idle
+    ticks1 = [total - round(4 / TICK_S), 0, 0, round(4 / TICK_S), 0, 0, 0, 0]
+    start = _sample(0.0, {1: (0, 0), 2: (0, 0)}, 0.0, [0] * 8, own_cpu=1.0)
+    end = _sample(10.0, {1: (int(2e9), int(2e9)), 2: (int(1e9), 0)}, 0.0, ticks1, own_cpu=4.0)
+    report = compare_client(start, end)
+    assert report.loadgen_sched_share == pytest.approx(3 / 5) and report.disturbed
+    assert report.disturbed_reason == "the load generator got 60% of the CPU it asked for"
+    assert report.engine_cpu_share is None and report.engine_cpu_s is None and report.engine_threads is None
+    assert report.loadgen_cpu_s == pytest.approx(3.0) and report.others_cpu_share == pytest.approx((20 - 4 - 3) / 20)
+    summary = cpu_summary(report, virtual_time=False, requests=30)
+    assert summary["disturbed"] and summary["disturbed_reason"] == report.disturbed_reason
+    fed = compare_client(start, _sample(10.0, {1: (int(3e9), int(0.1e9))}, 0.0, ticks1, own_cpu=4.0))
+    assert not fed.disturbed and fed.disturbed_reason is None
+    with CpuMonitor(None, client_side=True) as monitor:
+        sum(range(2_000_000))  # the load generator asks for a CPU
+    assert monitor.report.loadgen_sched_share is not None and monitor.report.engine_cpu_share is None
 
 
 def test_monitor_without_a_local_process_reports_nothing():
