@@ -33,7 +33,7 @@ def url_results(tmp_path_factory):
 def test_a_url_runs_timeline_shows_its_servers_queue_and_kv_usage(url_results):
     server = load.load_server_metrics(load.load_runs(url_results))
     assert set(server["metric"]) >= {"requests_running", "requests_waiting", "kv_cache_usage"}
-    assert (server["scheduler"] == "fake").all()  # run keys joined: labelled by the served model
+    assert (server["scheduler"] == "fake-engine 1.2.3 (url)").all()  # run keys joined: labelled by the server
     by_label = panels(timeline(url_results))
     assert list(by_label) == ["Requests", "KV cache used (%)", "TBT (ms)"]  # no batch records: no engine rows
     assert len(by_label["Requests"].get_lines()) == 2 and len(by_label["KV cache used (%)"].get_lines()) == 1
