@@ -3,9 +3,13 @@ machine and cached (``<cache>/machine_limits.json``, keyed by the device, its th
 
 Both are the best of several trials: a limit is a maximum, and a shared machine's noise only ever lowers a
 trial. The matmul peak is the better of PyTorch's default matmul and, where the engine uses it, oneDNN with a
-packed weight (engine/model/packed_linear.py); the bandwidth is a large copy (read + write) divided by its
-time. ``benchmarks/engine_throughput.py`` and ``benchmarks/gpu.py`` measure with these functions and refresh
-the cache.
+packed weight (engine/model/packed_linear.py). The bandwidth is the highest read rate from memory: a stream
+over a buffer four times the last-level cache (1 GiB at least), read by a reduction and by a one-row product
+with a weight of that size (what a batch-1 decode step does), through PyTorch's kernel and, where the engine
+uses it, the AMX linear (engine/model/amx_linear.py). Reads only: a copy's stores first fetch the lines they
+overwrite (write-allocate), so counting a copy as read + write puts the limit a third below what moved, and
+the engine's own kernels then ran above it. ``benchmarks/engine_throughput.py`` and ``benchmarks/gpu.py``
+measure with these functions and refresh the cache.
 """
 from __future__ import annotations
 
@@ -21,9 +25,13 @@ import torch
 
 from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.device import cpu_description
+from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack
 
 CPU = torch.device("cpu")
+METHOD = "read stream"  # part of the cache key: limits measured another way are measured again
+STREAM_MIN_BYTES = 1 << 30
+STREAM_DEPTH = 4096  # the streamed weight's input features
 
 
 @dataclass(frozen=True)
@@ -67,10 +75,41 @@ def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int 
     return best
 
 
-def measure_bandwidth(device: torch.device = CPU, num_bytes: int = 1 << 30) -> float:
-    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return best_rate(2 * num_bytes, lambda: dst.copy_(src), repeats=2, device=device)  # read + write
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache (sysfs), 0 where it cannot be read."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=0)
+
+
+def stream_bytes(device: torch.device) -> int:
+    """A buffer that no cache holds: 4x the CPU's last-level cache, 1 GiB at least."""
+    return max(STREAM_MIN_BYTES, 4 * last_level_cache_bytes()) if device.type == "cpu" else STREAM_MIN_BYTES
+
+
+def measure_bandwidth(device: torch.device = CPU, dtype: torch.dtype = torch.float32,
+                      num_bytes: int | None = None) -> float:
+    """Bytes read per second from memory: the best of the read streams (module docstring)."""
+    num_bytes = num_bytes or stream_bytes(device)
+    buffer = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    best = best_rate(num_bytes, buffer.sum, repeats=2, device=device)
+    del buffer
+    linear = torch.nn.Linear(STREAM_DEPTH, num_bytes // dtype.itemsize // STREAM_DEPTH, bias=False,
+                             device=device, dtype=dtype)
+    row = torch.randn(1, STREAM_DEPTH, device=device, dtype=dtype)
+    weight_bytes = linear.weight.numel() * dtype.itemsize
+    with torch.inference_mode():
+        best = max(best, best_rate(weight_bytes, lambda: linear(row), repeats=2, device=device))
+        if can_use_amx_linear(device, dtype, linear):
+            amx = AmxLinear(linear)
+            best = max(best, best_rate(weight_bytes, lambda: amx(row), repeats=2))
+    return best
 
 
 def device_description(device: torch.device) -> str:
@@ -81,7 +120,7 @@ def device_description(device: torch.device) -> str:
 
 def measure(device: torch.device, dtype: torch.dtype) -> MachineLimits:
     return MachineLimits(device_description(device), str(dtype).removeprefix("torch."),
-                         measure_matmul_flops(dtype, device), measure_bandwidth(device),
+                         measure_matmul_flops(dtype, device), measure_bandwidth(device, dtype),
                          f"measured {datetime.date.today().isoformat()}")
 
 
@@ -92,7 +131,7 @@ def cache_path() -> Path:
 def machine_limits(device: torch.device, dtype: torch.dtype, *, refresh: bool = False) -> MachineLimits:
     """This machine's limits for ``device`` and ``dtype``: from the cache, or measured (a few seconds) and
     cached. ``refresh``: measure again and replace the cached figures."""
-    key = f"{device_description(device)} | {str(dtype).removeprefix('torch.')}"
+    key = f"{device_description(device)} | {str(dtype).removeprefix('torch.')} | {METHOD}"
     path = cache_path()
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if key in cached and not refresh:
