@@ -2,6 +2,8 @@
 limits, and the sampled operator split on a real engine."""
 from __future__ import annotations
 
+import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -68,6 +70,22 @@ def test_limits_measured_once_then_cached(tmp_path, monkeypatch):
     limits.machine_limits(cpu, torch.bfloat16)  # another dtype: measured apart
     limits.machine_limits(cpu, torch.float32, refresh=True)
     assert len(calls) == 3 and (tmp_path / "machine_limits.json").is_file()
+
+
+def test_only_trials_that_held_their_cores_count(monkeypatch):
+    """A trial in which the process did not run (here: slept, as if another process had its core) is no
+    measure of the machine: best_rate warns that its figure is low."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+
+    def spin():
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert limits.best_rate(1.0, spin, trials=2, repeats=1) > 0
+    with pytest.warns(UserWarning, match="low"):
+        limits.best_rate(1.0, lambda: time.sleep(0.002), trials=2, repeats=1)
 
 
 def test_engine_records_utilisation_and_split(tiny_path):
