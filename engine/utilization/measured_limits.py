@@ -2,8 +2,9 @@
 machine and cached (``<cache>/machine_limits.json``, keyed by the device, its threads and the dtype).
 
 Both are the best of several trials: a limit is a maximum, and a shared machine's noise only ever lowers a
-trial. The matmul peak is the better of PyTorch's default matmul and, where the engine uses it, oneDNN with a
-packed weight (engine/model/packed_linear.py). The bandwidth is the highest read rate from memory: a stream
+trial. The matmul peak is the best of PyTorch's default matmul and, where the engine uses them, oneDNN with a
+packed weight (engine/model/packed_linear.py) and the AMX linear (engine/model/amx_linear.py): a peak below
+a kernel the engine runs would put MFU above 1. The bandwidth is the highest read rate from memory: a stream
 over a buffer four times the last-level cache (1 GiB at least), read by a reduction and by a one-row product
 with a weight of that size (what a batch-1 decode step does), through PyTorch's kernel and, where the engine
 uses it, the AMX linear (engine/model/amx_linear.py). Reads only: a copy's stores first fetch the lines they
@@ -89,8 +90,13 @@ def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int 
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     best = best_rate(2 * n**3, lambda: a @ b, clock=clock, device=device)
     if can_pack(device, dtype):
-        packed = PackedLinear(torch.nn.Linear(n, n, bias=False, dtype=dtype))
+        linear = torch.nn.Linear(n, n, bias=False, dtype=dtype)
+        packed = PackedLinear(linear)
         best = max(best, best_rate(2 * n**3, lambda: packed(a), clock=clock))
+        if can_use_amx_linear(device, dtype, linear):
+            amx = AmxLinear(linear)
+            with torch.inference_mode():
+                best = max(best, best_rate(2 * n**3, lambda: amx(a), clock=clock))
     return best
 
 
