@@ -34,6 +34,7 @@ CPU = torch.device("cpu")
 METHOD = "read stream, held cores"  # part of the cache key: limits measured another way are measured again
 STREAM_MIN_BYTES = 1 << 30
 STREAM_DEPTH = 4096  # the streamed weight's input features
+BUSY = " on a busy machine: low"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,12 @@ class MachineLimits:
     dtype: str
     peak_flops: float  # matmul FLOP/s
     bandwidth: float  # memory bytes/s
-    source: str  # "measured YYYY-MM-DD", or "published" (a simulated deployment's GPU)
+    source: str  # "measured YYYY-MM-DD" (+ BUSY where no trial held its cores), or "published" (a simulated GPU)
+
+    @property
+    def busy(self) -> bool:
+        """Measured on a busy machine: low."""
+        return self.source.endswith(BUSY)
 
 
 def _sync(device: torch.device) -> None:
@@ -151,7 +157,7 @@ def measure(device: torch.device, dtype: torch.dtype) -> MachineLimits:
     for warning in busy:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return MachineLimits(device_description(device), str(dtype).removeprefix("torch."), flops, bandwidth,
-                         f"measured {datetime.date.today().isoformat()}" + (" on a busy machine: low" if busy else ""))
+                         f"measured {datetime.date.today().isoformat()}" + (BUSY if busy else ""))
 
 
 def cache_path() -> Path:

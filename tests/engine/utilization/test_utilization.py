@@ -11,7 +11,13 @@ import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.utilization import MachineLimits, ModelCounts, OperatorSplit, UtilizationMeter
+from stallfree.engine.utilization import (
+    MachineLimits,
+    ModelCounts,
+    OperatorSplit,
+    UtilizationMeter,
+    make_meter,
+)
 from stallfree.engine.utilization import measured_limits as limits
 
 # hidden 8, 2 heads of 4 (1 KV head), FFN 16, 2 layers, vocab 10
@@ -88,7 +94,19 @@ def test_only_trials_that_held_their_cores_count(monkeypatch):
         limits.best_rate(1.0, lambda: time.sleep(0.002), trials=2, repeats=1)
 
 
-def test_engine_records_utilisation_and_split(tiny_path):
+def test_limits_measured_busy_give_no_utilisation():
+    """A limit measured on a busy machine is low: a utilisation against it could pass 1, so none is reported."""
+    busy = MachineLimits("dev", "float32", 1e12, 1e10, "measured 2026-01-01" + limits.BUSY)
+    assert busy.busy and not MachineLimits("dev", "float32", 1e12, 1e10, "measured 2026-01-01").busy
+    runner = SimpleNamespace(machine_limits=busy)
+    meter = make_meter("simulated", runner, ARCH, torch.device("cpu"), torch.float32)
+    assert meter.limits is None and "mbu" not in meter.fields([unit(3, 0, True)], 1.0, None)
+
+
+def test_engine_records_utilisation_and_split(tiny_path, tmp_path, monkeypatch):
+    # this machine's limits FAKE (in a cache file of the test's own): what is tested is the records' fields
+    monkeypatch.setattr(limits, "cache_path", lambda: tmp_path / "machine_limits.json")
+    monkeypatch.setattr(limits, "measure", lambda device, dtype: MachineLimits("dev", "float32", 1e12, 1e10, "x"))
     engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
     model = engine.runner.model
     # an AMX gate_up projection with SiLU-and-mul (engine/model/amx_linear.py) outputs half the features it holds
@@ -118,14 +136,18 @@ def test_bad_split_interval(tiny_path):
 def test_utilisation_of_small_is_a_fraction():
     """Over real decode steps of ``small`` at batch 1 (its weights streamed from memory: the MBU that a wrong
     bytes count or a limit measured low pushes over 1) and batch 32 (more KV, more FLOPs), against this
-    machine's measured limits. A busy machine only lengthens the iterations, so the bound still holds."""
+    machine's measured limits. A busy machine only lengthens the iterations, so the bound still holds; where
+    the limits themselves were measured on a busy machine no utilisation is reported at all."""
     engine = LLMEngine.from_kwargs(model="small", scheduler="vllm", max_num_seqs=32)
     for batch in (1, 32):
         for i in range(batch):
             engine.add_request([5 + i] * 64, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
-    decodes = [r for r in engine.batch_records if r.num_prefill_tokens == 0]
-    assert {r.num_decode_seqs for r in decodes} == {1, 32}
-    assert all(0 < r.mbu <= 1 and 0 < r.mfu <= 1 for r in engine.batch_records), \
-        [(r.num_prefill_tokens, r.num_decode_seqs, r.mbu, r.mfu) for r in engine.batch_records]
+    records = engine.batch_records
+    assert {r.num_decode_seqs for r in records if r.num_prefill_tokens == 0} == {1, 32}
+    if limits.machine_limits(engine.device, engine.dtype).busy:
+        assert engine.utilization.limits is None and all(r.mbu is None and r.mfu is None for r in records)
+    else:
+        assert all(0 < r.mbu <= 1 and 0 < r.mfu <= 1 for r in records), \
+            [(r.num_prefill_tokens, r.num_decode_seqs, r.mbu, r.mfu) for r in records]
