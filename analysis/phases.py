@@ -199,9 +199,11 @@ def budget_main(argv: list[str] | None = None) -> int:
     found = token_budget(frame, args.slo_tbt_ms, args.tile, decode_batch, args.margin)
     limit = args.slo_tbt_ms / (1 + args.margin)
     if found is None:
+        tail = hybrid_tail_ms(frame, decode_batch)
         print(f"no chunk size that is a multiple of {args.tile} has a hybrid iteration with {decode_batch} decodes "
               f"whose predicted P99 is within {limit:.1f} ms (the {args.slo_tbt_ms:g} ms TBT SLO with a "
-              f"{args.margin:.0%} margin; {title(frame)}): lower the tile or measure smaller hybrid chunks")
+              f"{args.margin:.0%} margin; {title(frame)}; the smallest measured, {tail.index[0]}, predicts "
+              f"{tail.iloc[0]:.1f} ms): lower the tile or measure smaller hybrid chunks")
         return 1
     print(f"chunk_size={found.chunk_size}: its hybrid iteration with {decode_batch} decodes has a predicted P99 of "
           f"{found.predicted_ms:.1f} ms, within {found.limit_ms:.1f} ms (the {args.slo_tbt_ms:g} ms TBT SLO with a "

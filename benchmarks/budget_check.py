@@ -6,7 +6,14 @@ or its directory. The SLOs are given (``--slos 32,64``, in ms), or by default th
 that recommend the two smallest measured hybrid chunk sizes (each chunk's predicted P99 x (1 + margin)):
 at those the margin is all the room the chunk has, so they test it hardest.
 
-    python -m benchmarks.budget_check [--phases DIR] [--slos 32,64] [--qps 1] [--num-requests 48] [--out PATH]
+``--simulated COST_MODEL`` runs the study and the served runs on the simulated runner in virtual time
+(``model.runner=simulated model.clock=virtual``): iterations drawn from a committed cost model's profile of
+a real machine (its fit and its measured spread), not disturbed by this machine's load. It checks the rule
+against that machine's iteration times; it does not see what a served run adds (the server, the load
+generator's CPU), which only a real run measures.
+
+    python -m benchmarks.budget_check [--phases DIR] [--slos 32,64] [--qps 1] [--num-requests 48]
+        [--simulated engine/runner/cost_models/small-cpu.json] [--out PATH]
     # writes benchmarks/results/budget_check.json; the runs go to --results-dir (cached: a re-run resumes)
 """
 from __future__ import annotations
@@ -32,8 +39,10 @@ from stallfree.analysis.phases import (
 
 
 def bench(args: argparse.Namespace, *overrides: str) -> None:
+    simulated = (["model.runner=simulated", "model.clock=virtual", f"model.cost_model={Path(args.simulated).resolve()}"]
+                 if args.simulated else [])
     cmd = [str(Path(sys.executable).with_name("stallfree-bench")), f"model={args.model}",
-           f"results_dir={args.results_dir}", *overrides]
+           f"results_dir={args.results_dir}", *simulated, *overrides]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -84,6 +93,7 @@ def main() -> None:
     ap.add_argument("--qps", type=float, default=1.0)
     ap.add_argument("--num-requests", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--simulated", metavar="COST_MODEL", help="run on the simulated runner with this cost model")
     ap.add_argument("--results-dir", default="results/budget_check")
     ap.add_argument("--out", default="benchmarks/results/budget_check.json")
     args = ap.parse_args()
@@ -94,6 +104,7 @@ def main() -> None:
     slos = [float(s) for s in args.slos.split(",")] if args.slos else default_slos(frame, args.decode_batch, args.margin)
     rows = [check(args, frame, slo) for slo in slos]
     result = {"model": args.model, "machine": title(frame), "phases": str(args.phases or args.results_dir),
+              "runner": f"simulated ({args.simulated}), virtual clock" if args.simulated else "model (real)",
               "note": "a shared machine: other processes only lengthen iterations (see load_average_1min, "
                       "engine_cpu_share, disturbed)", "checks": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,7 @@ def test_budget_command(frame, tmp_path, capsys):
     assert phases.budget_main([str(tmp_path), "--slo-tbt-ms", "100", "--margin", "0"]) == 0
     assert "chunk_size=256" in capsys.readouterr().out
     assert phases.budget_main([str(tmp_path), "--slo-tbt-ms", "10"]) == 1
+    assert "the smallest measured, 128, predicts 49.9 ms" in capsys.readouterr().out
     assert phases.budget_main([str(tmp_path / "nothing"), "--slo-tbt-ms", "10"]) == 2
     assert "no phases.csv" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:
