@@ -54,7 +54,7 @@ def default_slos(frame, decode_batch: int, margin: float) -> list[float]:
 
 def served(args: argparse.Namespace, slo_ms: float, chunk: int) -> dict:
     """One run of sarathi at ``chunk`` and ``args.qps`` (an experiment of its own); its summary."""
-    experiment = f"budget-{slo_ms:g}ms"
+    experiment = f"budget-{slo_ms:g}ms-{args.qps:g}qps"
     bench(args, f"experiment_name={experiment}", "scheduler=sarathi", f"chunk_size={chunk}", f"qps={args.qps}",
           f"slo.tbt_ms={slo_ms}", f"num_requests={args.num_requests}", f"seed={args.seed}")
     summaries = sorted((Path(args.results_dir) / experiment).glob("*/summary.json"), key=os.path.getmtime)
@@ -65,8 +65,11 @@ def check(args: argparse.Namespace, frame, slo_ms: float) -> dict:
     found = token_budget(frame, slo_ms, args.tile, args.decode_batch, args.margin)
     row = {"slo_tbt_ms": slo_ms, "margin": args.margin, "decode_batch": args.decode_batch}
     if found is None:
-        print(f"{slo_ms:g} ms: no chunk size fits", flush=True)
-        return row | {"chunk_size": None}
+        tail = hybrid_tail_ms(frame, args.decode_batch)
+        print(f"{slo_ms:g} ms: no chunk size fits (the smallest, {tail.index[0]}, predicts {tail.iloc[0]:.1f} ms)",
+              flush=True)
+        return row | {"chunk_size": None, "smallest_chunk": int(tail.index[0]),
+                      "smallest_chunk_predicted_p99_ms": round(float(tail.iloc[0]), 2)}
     load_before = os.getloadavg()[0]
     summary = served(args, slo_ms, found.chunk_size)
     p99 = summary["p99_tbt_ms"]
@@ -105,7 +108,8 @@ def main() -> None:
     rows = [check(args, frame, slo) for slo in slos]
     result = {"model": args.model, "machine": title(frame), "phases": str(args.phases or args.results_dir),
               "runner": f"simulated ({args.simulated}), virtual clock" if args.simulated else "model (real)",
-              "note": "a shared machine: other processes only lengthen iterations (see load_average_1min, "
+              "note": "virtual time: this machine's load does not enter" if args.simulated else
+                      "a shared machine: other processes only lengthen iterations (see load_average_1min, "
                       "engine_cpu_share, disturbed)", "checks": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
