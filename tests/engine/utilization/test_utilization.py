@@ -19,6 +19,7 @@ from stallfree.engine.utilization import (
     make_meter,
 )
 from stallfree.engine.utilization import measured_limits as limits
+from tests.helpers.fakes.machine_limits import fake_machine_limits
 
 # hidden 8, 2 heads of 4 (1 KV head), FFN 16, 2 layers, vocab 10
 ARCH = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
@@ -45,8 +46,8 @@ def test_work_by_hand():
     # a 3-token chunk after 2 cached tokens (causal pairs 3 x 2 + 1 + 2 + 3 = 12) and a decode at context 5
     work = counts.work([unit(1, 4, False), unit(3, 2, True)])
     assert work.flops == 2 * (1152 * 4 + 80 * 2) + 64 * (12 + 5)
-    # weights, K/V read (the chunk's 2 + 3, the decode's 5), K/V written (4 new tokens)
-    assert work.bytes_moved == 2464 + 32 * (10 + 4)
+    # weights, K/V read once (what was cached: the chunk's 2, the decode's 4), K/V written (4 new tokens)
+    assert work.bytes_moved == 2464 + 32 * (6 + 4)
     # a chunk that samples nothing has no lm_head row
     assert counts.work([unit(3, 0, True, samples=False)]).flops == 2 * 1152 * 3 + 64 * 6
 
@@ -103,11 +104,9 @@ def test_limits_measured_busy_give_no_utilisation():
     assert meter.limits is None and "mbu" not in meter.fields([unit(3, 0, True)], 1.0, None)
 
 
-def test_engine_records_utilisation_and_split(tiny_path, tmp_path, monkeypatch):
-    # this machine's limits FAKE (in a cache file of the test's own): what is tested is the records' fields
-    monkeypatch.setattr(limits, "cache_path", lambda: tmp_path / "machine_limits.json")
-    monkeypatch.setattr(limits, "measure", lambda device, dtype: MachineLimits("dev", "float32", 1e12, 1e10, "x"))
-    engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
+def test_engine_records_utilisation_and_split(tiny_path):
+    with fake_machine_limits():
+        engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
     model = engine.runner.model
     # an AMX gate_up projection with SiLU-and-mul (engine/model/amx_linear.py) outputs half the features it holds
     linear = sum(m.in_features * m.out_features * (2 if getattr(m, "silu_and_mul", False) else 1)
