@@ -1,5 +1,5 @@
 """Machine limits: the peak matmul FLOP/s and the memory bandwidth of a device in a dtype, measured once per
-machine and cached (``<cache>/machine_limits.json``, keyed by the device, its threads and the dtype).
+machine and cached (``<cache>/machine_limits.json``, keyed by the device, its threads, the dtype and METHOD).
 
 Both are the best of several trials: a limit is a maximum, and a shared machine's noise only ever lowers a
 trial. The matmul peak is the best of PyTorch's default matmul and, where the engine uses them, oneDNN with a
@@ -35,6 +35,10 @@ METHOD = "read stream, held cores"  # part of the cache key: limits measured ano
 STREAM_MIN_BYTES = 1 << 30
 STREAM_DEPTH = 4096  # the streamed weight's input features
 BUSY = " on a busy machine: low"
+
+
+class LowLimitWarning(UserWarning):
+    """No trial of a limit held its cores: the figure is low."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ def best_rate(work: float, fn: Callable[[], object], trials: int = 5, repeats: i
     if held == 0.0:
         warnings.warn("every trial shared its cores with another process: the limit measured is low "
                       "(python -m stallfree.engine.utilization.measured_limits --refresh on a quiet machine)",
-                      stacklevel=2)
+                      LowLimitWarning, stacklevel=2)
     return held or unheld
 
 
@@ -151,11 +155,12 @@ def device_description(device: torch.device) -> str:
 
 def measure(device: torch.device, dtype: torch.dtype) -> MachineLimits:
     """The limits; ``source`` says when some of them were measured on a busy machine (so are low)."""
-    with warnings.catch_warnings(record=True) as busy:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         flops, bandwidth = measure_matmul_flops(dtype, device), measure_bandwidth(device, dtype)
-    for warning in busy:
+    for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    busy = any(issubclass(warning.category, LowLimitWarning) for warning in caught)
     return MachineLimits(device_description(device), str(dtype).removeprefix("torch."), flops, bandwidth,
                          f"measured {datetime.date.today().isoformat()}" + (BUSY if busy else ""))
 

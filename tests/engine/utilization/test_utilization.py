@@ -91,7 +91,7 @@ def test_only_trials_that_held_their_cores_count(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert limits.best_rate(1.0, spin, trials=2, repeats=1) > 0
-    with pytest.warns(UserWarning, match="low"):
+    with pytest.warns(limits.LowLimitWarning, match="low"):
         limits.best_rate(1.0, lambda: time.sleep(0.002), trials=2, repeats=1)
 
 
