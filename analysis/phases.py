@@ -115,7 +115,8 @@ def decode_swap_s(frame: pd.DataFrame) -> float:
     slope over batch size less the prefill-only iterations' slope over tokens (up to the largest hybrid
     chunk), never below 0."""
     decodes = frame[frame.kind == "decode"]
-    prefills = frame[(frame.kind == "prefill") & (frame.prefill_tokens <= frame.chunk_size.max())]
+    largest_chunk = frame[frame.kind == "hybrid"].chunk_size.max()
+    prefills = frame[(frame.kind == "prefill") & (frame.prefill_tokens <= largest_chunk)]
     return max(0.0, slope(decodes, "batch_size") - slope(prefills, "prefill_tokens"))
 
 
