@@ -69,11 +69,11 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 def limits_figures(device: torch.device, dtype: torch.dtype, smoke: bool) -> dict:
     """The machine limits (engine/utilization/measured_limits.py; a full run refreshes the engine's cached figures)."""
     if smoke:
-        flops, bandwidth = measure_matmul_flops(dtype, device, n=1024), measure_bandwidth(device, 1 << 24)
+        flops, bandwidth = measure_matmul_flops(dtype, device, n=1024), measure_bandwidth(device, dtype, num_bytes=1 << 24)
     else:
         limits = machine_limits(device, dtype, refresh=True)
         flops, bandwidth = limits.peak_flops, limits.bandwidth
-    return {"matmul_tflops": flops / 1e12, "copy_gb_s": bandwidth / 1e9}
+    return {"matmul_tflops": flops / 1e12, "read_gb_s": bandwidth / 1e9}
 
 
 def engine_kwargs(device: torch.device, dtype: torch.dtype) -> dict:
@@ -128,7 +128,7 @@ def iteration_figures(llm: LLM, device: torch.device, limits: dict, smoke: bool)
         seconds = bench.seconds(bench.decodes(batch, context), repeats)
         moved = weight_bytes + batch * (context + 1) * kv_bytes_per_token
         out[f"decode_b{batch}_ms"] = seconds * 1e3
-        out[f"decode_b{batch}_mbu"] = moved / seconds / (limits["copy_gb_s"] * 1e9)
+        out[f"decode_b{batch}_mbu"] = moved / seconds / (limits["read_gb_s"] * 1e9)
     for tokens in (512, 4096):
         seconds = bench.seconds([bench.prefill(tokens)], repeats)
         attention = 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens  # causal QK^T + PV

@@ -3,6 +3,7 @@ limits (measured_limits.py), and the sampled operator split (op_split.py). ``Uti
 the MFU / MBU / split fields of its BatchRecord."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from stallfree.engine.utilization.measured_limits import MachineLimits, machine_limits
@@ -11,6 +12,8 @@ from stallfree.engine.utilization.work import IterationWork, ModelCounts
 
 __all__ = ["IterationWork", "MachineLimits", "ModelCounts", "OperatorSplit", "SplitSampler", "UtilizationMeter", "make_meter",
            "machine_limits"]
+
+log = logging.getLogger(__name__)
 
 
 class UtilizationMeter:
@@ -34,6 +37,12 @@ class UtilizationMeter:
 
 def make_meter(runner_kind: str, runner, arch, device, dtype) -> UtilizationMeter:
     """The real runner is measured against this machine's limits (cached per machine); another runner (a
-    simulated deployment) may name its hardware's published ones as ``runner.machine_limits``."""
+    simulated deployment) may name its hardware's published ones as ``runner.machine_limits``. Limits
+    measured on a busy machine are low, and a utilisation against them could pass 1: none is reported."""
     limits = machine_limits(device, dtype) if runner_kind == "model" else getattr(runner, "machine_limits", None)
+    if limits is not None and limits.busy:
+        log.warning("MFU and MBU not reported: the machine limits (%s) were %s; measure them again on a quiet "
+                    "machine: python -m stallfree.engine.utilization.measured_limits --refresh", limits.device,
+                    limits.source)
+        limits = None
     return UtilizationMeter(ModelCounts.of(arch, dtype.itemsize), limits)

@@ -1,11 +1,16 @@
 """Machine limits: the peak matmul FLOP/s and the memory bandwidth of a device in a dtype, measured once per
-machine and cached (``<cache>/machine_limits.json``, keyed by the device, its threads and the dtype).
+machine and cached (``<cache>/machine_limits.json``, keyed by the device, its threads, the dtype and METHOD).
 
 Both are the best of several trials: a limit is a maximum, and a shared machine's noise only ever lowers a
-trial. The matmul peak is the better of PyTorch's default matmul and, where the engine uses it, oneDNN with a
-packed weight (engine/model/packed_linear.py); the bandwidth is a large copy (read + write) divided by its
-time. ``benchmarks/engine_throughput.py`` and ``benchmarks/gpu.py`` measure with these functions and refresh
-the cache.
+trial. The matmul peak is the best of PyTorch's default matmul and, where the engine uses them, oneDNN with a
+packed weight (engine/model/packed_linear.py) and the AMX linear (engine/model/amx_linear.py): a peak below
+a kernel the engine runs would put MFU above 1. The bandwidth is the highest read rate from memory: a stream
+over a buffer four times the last-level cache (1 GiB at least), read by a reduction and by a one-row product
+with a weight of that size (what a batch-1 decode step does), through PyTorch's kernel and, where the engine
+uses it, the AMX linear (engine/model/amx_linear.py). Reads only: a copy's stores first fetch the lines they
+overwrite (write-allocate), so counting a copy as read + write puts the limit a third below what moved, and
+the engine's own kernels then ran above it. ``benchmarks/engine_throughput.py`` and ``benchmarks/gpu.py``
+measure with these functions and refresh the cache.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import datetime
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,9 +27,18 @@ import torch
 
 from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.device import cpu_description
+from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack
 
 CPU = torch.device("cpu")
+METHOD = "read stream, held cores"  # part of the cache key: limits measured another way are measured again
+STREAM_MIN_BYTES = 1 << 30
+STREAM_DEPTH = 4096  # the streamed weight's input features
+BUSY = " on a busy machine: low"
+
+
+class LowLimitWarning(UserWarning):
+    """No trial of a limit held its cores: the figure is low."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +47,12 @@ class MachineLimits:
     dtype: str
     peak_flops: float  # matmul FLOP/s
     bandwidth: float  # memory bytes/s
-    source: str  # "measured YYYY-MM-DD", or "published" (a simulated deployment's GPU)
+    source: str  # "measured YYYY-MM-DD" (+ BUSY where no trial held its cores), or "published" (a simulated GPU)
+
+    @property
+    def busy(self) -> bool:
+        """Measured on a busy machine: low."""
+        return self.source.endswith(BUSY)
 
 
 def _sync(device: torch.device) -> None:
@@ -40,20 +60,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def held_cores(cpu_s: float, wall_s: float, threads: int) -> bool:
+    """Whether the process ran on all its threads' cores for the span (CPU time >= 90% of threads x wall)."""
+    return cpu_s >= 0.9 * threads * wall_s
+
+
 def best_rate(work: float, fn: Callable[[], object], trials: int = 5, repeats: int = 5,
               clock: Callable[[], float] = time.perf_counter, device: torch.device = CPU) -> float:
     """``work`` units per second of ``fn``, the best of ``trials`` trials of ``repeats`` calls (after one
-    warm-up call)."""
+    warm-up call). On a CPU a trial counts only where the process held its cores (``held_cores``): one that
+    another process interrupted times that process too. Up to 2 x ``trials`` run for that; where none
+    held, the best of them, with a warning that the limit is low."""
     fn()
-    best = 0.0
-    for _ in range(trials):
+    held, unheld, kept = 0.0, 0.0, 0
+    for _ in range(2 * trials):
         _sync(device)
-        start = clock()
+        start, cpu_start = clock(), time.process_time()
         for _ in range(repeats):
             fn()
         _sync(device)
-        best = max(best, work * repeats / (clock() - start))
-    return best
+        wall, cpu = clock() - start, time.process_time() - cpu_start
+        rate = work * repeats / wall
+        if device.type != "cpu" or held_cores(cpu, wall, torch.get_num_threads()):
+            held, kept = max(held, rate), kept + 1
+        else:
+            unheld = max(unheld, rate)
+        if kept == trials:
+            break
+    if held == 0.0:
+        warnings.warn("every trial shared its cores with another process: the limit measured is low "
+                      "(python -m stallfree.engine.utilization.measured_limits --refresh on a quiet machine)",
+                      LowLimitWarning, stacklevel=2)
+    return held or unheld
 
 
 def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int | None = None,
@@ -62,15 +100,51 @@ def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int 
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     best = best_rate(2 * n**3, lambda: a @ b, clock=clock, device=device)
     if can_pack(device, dtype):
-        packed = PackedLinear(torch.nn.Linear(n, n, bias=False, dtype=dtype))
+        linear = torch.nn.Linear(n, n, bias=False, dtype=dtype)
+        packed = PackedLinear(linear)
         best = max(best, best_rate(2 * n**3, lambda: packed(a), clock=clock))
+        if can_use_amx_linear(device, dtype, linear):
+            amx = AmxLinear(linear)
+            with torch.inference_mode():
+                best = max(best, best_rate(2 * n**3, lambda: amx(a), clock=clock))
     return best
 
 
-def measure_bandwidth(device: torch.device = CPU, num_bytes: int = 1 << 30) -> float:
-    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return best_rate(2 * num_bytes, lambda: dst.copy_(src), repeats=2, device=device)  # read + write
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache (sysfs), 0 where it cannot be read."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=0)
+
+
+def stream_bytes(device: torch.device) -> int:
+    """A buffer that no cache holds: 4x the CPU's last-level cache, 1 GiB at least."""
+    return max(STREAM_MIN_BYTES, 4 * last_level_cache_bytes()) if device.type == "cpu" else STREAM_MIN_BYTES
+
+
+def measure_bandwidth(device: torch.device = CPU, dtype: torch.dtype = torch.float32,
+                      num_bytes: int | None = None) -> float:
+    """Bytes read per second from memory: the best of the read streams (module docstring)."""
+    num_bytes = num_bytes or stream_bytes(device)
+    buffer = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    best = best_rate(num_bytes, buffer.sum, repeats=2, device=device)
+    del buffer
+    linear = torch.nn.Linear(STREAM_DEPTH, num_bytes // dtype.itemsize // STREAM_DEPTH, bias=False,
+                             device=device, dtype=dtype)
+    row = torch.randn(1, STREAM_DEPTH, device=device, dtype=dtype)
+    weight_bytes = linear.weight.numel() * dtype.itemsize
+    with torch.inference_mode():
+        best = max(best, best_rate(weight_bytes, lambda: linear(row), repeats=2, device=device))
+        if can_use_amx_linear(device, dtype, linear):
+            amx = AmxLinear(linear)
+            best = max(best, best_rate(weight_bytes, lambda: amx(row), repeats=2))
+    return best
 
 
 def device_description(device: torch.device) -> str:
@@ -80,9 +154,15 @@ def device_description(device: torch.device) -> str:
 
 
 def measure(device: torch.device, dtype: torch.dtype) -> MachineLimits:
-    return MachineLimits(device_description(device), str(dtype).removeprefix("torch."),
-                         measure_matmul_flops(dtype, device), measure_bandwidth(device),
-                         f"measured {datetime.date.today().isoformat()}")
+    """The limits; ``source`` says when some of them were measured on a busy machine (so are low)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flops, bandwidth = measure_matmul_flops(dtype, device), measure_bandwidth(device, dtype)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    busy = any(issubclass(warning.category, LowLimitWarning) for warning in caught)
+    return MachineLimits(device_description(device), str(dtype).removeprefix("torch."), flops, bandwidth,
+                         f"measured {datetime.date.today().isoformat()}" + (BUSY if busy else ""))
 
 
 def cache_path() -> Path:
@@ -92,7 +172,7 @@ def cache_path() -> Path:
 def machine_limits(device: torch.device, dtype: torch.dtype, *, refresh: bool = False) -> MachineLimits:
     """This machine's limits for ``device`` and ``dtype``: from the cache, or measured (a few seconds) and
     cached. ``refresh``: measure again and replace the cached figures."""
-    key = f"{device_description(device)} | {str(dtype).removeprefix('torch.')}"
+    key = f"{device_description(device)} | {str(dtype).removeprefix('torch.')} | {METHOD}"
     path = cache_path()
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if key in cached and not refresh:

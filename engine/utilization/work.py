@@ -4,9 +4,11 @@
   attention, 4 x layers x heads x head_dim per query-key pair (QK^T and PV). A prefill chunk of c new tokens
   after p cached ones has c x p + c (c + 1) / 2 causal pairs; a decode has its context length (its new token
   included). Norms, rotary, activations and sampling are left out (a few percent).
-* Bytes moved: the linear layers' weights, read once per iteration; K and V of the context each sequence
-  attends to, read once (a decode's context, a prefill chunk's cached tokens plus its own); K and V of
-  every new token, written once. Activations are left out.
+* Bytes moved, the traffic to memory: the linear layers' weights, read once per iteration; K and V of the
+  tokens each sequence had cached before the iteration, read once (per KV head: the query heads of a group
+  share them); K and V of every new token, written once. A new token's own K and V are read right after
+  they are written, from the cache, and are not counted again; nor are the activations (a chunk's hidden
+  states stay in the caches of the layer that uses them).
 
 MFU = FLOPs / (iteration seconds x peak FLOP/s); MBU = bytes / (iteration seconds x bandwidth) (docs/engine.md).
 """
@@ -50,15 +52,15 @@ class ModelCounts:
         decodes = len(units)
         while decodes and units[decodes - 1].is_prefill:
             decodes -= 1
-        context = sum(u.num_computed_tokens for u in units[:decodes]) + decodes
+        kv_read = sum(u.num_computed_tokens for u in units[:decodes])
         tokens = sampled = decodes
-        pairs = kv_read = context
+        pairs = kv_read + decodes
         for u in units[decodes:]:
             new, cached = u.num_new_tokens, u.num_computed_tokens
             tokens += new
             sampled += u.samples
             pairs += new * cached + new * (new + 1) // 2
-            kv_read += cached + new
+            kv_read += cached
         flops = 2 * (self.layer_linear_params * tokens + self.lm_head_params * sampled) \
             + self.attention_flops_per_pair * pairs
         return IterationWork(float(flops), float(self.weight_bytes + self.kv_bytes_per_token * (kv_read + tokens)))

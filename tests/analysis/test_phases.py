@@ -38,22 +38,50 @@ def frame() -> pd.DataFrame:
 
 
 def test_token_budget(frame):
-    # the hybrids at their most decodes: 128 -> 50 ms, 256 -> 90 ms, 512 -> 170 ms, linear in between
-    assert phases.token_budget(frame, 100, tile=128) == (256, 90.0)
-    assert phases.token_budget(frame, 115, tile=64) == (320, pytest.approx(110.0))
-    assert phases.token_budget(frame, 1000, tile=128) == (512, 170.0)  # no extrapolation past the measured
-    assert phases.token_budget(frame, 10, tile=128) is None
+    # the hybrids' P99 (8 decodes: as measured, decode-only steps give no per-decode cost here): 128 -> 49.9 ms,
+    # 256 -> 90 ms, 512 -> 170 ms, linear in between; fitting SLO / (1 + margin)
+    found = phases.token_budget(frame, 117, tile=128, decode_batch=8, margin=0.3)
+    assert (found.chunk_size, found.predicted_ms, found.limit_ms) == (256, 90.0, pytest.approx(90.0))
+    assert phases.token_budget(frame, 100, tile=128, decode_batch=8, margin=0.3).chunk_size == 128
+    assert phases.token_budget(frame, 100, tile=128, decode_batch=8, margin=0.0).chunk_size == 256
+    assert phases.token_budget(frame, 143, tile=64, decode_batch=8, margin=0.0).predicted_ms == pytest.approx(130.0)
+    assert phases.token_budget(frame, 1000, tile=128, decode_batch=8).chunk_size == 512  # no extrapolation
+    assert phases.token_budget(frame, 10, tile=128, decode_batch=8) is None
+
+
+def test_token_budget_answers_for_the_tail_under_its_decode_batch(frame):
+    """A chunk whose median iteration fits but whose slow iterations do not is not recommended; more decodes
+    beside the chunk cost what the decode-only steps say a decode costs over a prefill token."""
+    slow = [row("hybrid", seconds, prefill=252, decodes=4, chunk=256, repeat=i)
+            for i, seconds in enumerate([0.050] * 9 + [0.120])]
+    tail = pd.concat([frame, pd.DataFrame(slow, columns=frame.columns)], ignore_index=True)
+    assert tail[tail.chunk_size == 256].iteration_s.median() * 1e3 == 50.0
+    assert phases.hybrid_tail_ms(tail, 8)[256] > 100
+    assert phases.token_budget(tail, 100, tile=128, decode_batch=8, margin=0.0).chunk_size == 128
+    # decode-only steps: 21 ms at batch 1 (the median), 37 ms at batch 9 (2 ms a decode); prefill tokens cost nothing here
+    costly = pd.concat([frame, pd.DataFrame([row("decode", 0.037, decodes=9)], columns=frame.columns)],
+                       ignore_index=True)
+    assert phases.decode_swap_s(costly) == pytest.approx(0.002)
+    # the 256-token hybrid measured with 4 decodes (90 ms), predicted with 20: 16 more decodes, 32 ms more
+    assert phases.hybrid_tail_ms(costly, 20)[256] == pytest.approx(122.0)
 
 
 def test_budget_command(frame, tmp_path, capsys):
     frame.to_csv(tmp_path / "phases.csv", index=False)
-    assert phases.budget_main([str(tmp_path), "--slo-tbt-ms", "100"]) == 0
+    assert phases.budget_main([str(tmp_path), "--slo-tbt-ms", "117", "--decode-batch", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "chunk_size=256" in out and "P99 of 90.0 ms" in out and "30% margin" in out and "8 decodes" in out
+    assert phases.budget_main([str(tmp_path), "--slo-tbt-ms", "100", "--margin", "0"]) == 0
     assert "chunk_size=256" in capsys.readouterr().out
     assert phases.budget_main([str(tmp_path), "--slo-tbt-ms", "10"]) == 1
+    assert "the smallest measured, 128, predicts 49.9 ms" in capsys.readouterr().out
     assert phases.budget_main([str(tmp_path / "nothing"), "--slo-tbt-ms", "10"]) == 2
     assert "no phases.csv" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        phases.budget_main([str(tmp_path), "--slo-tbt-ms", "100", "--margin", "-0.1"])
+    assert usage.value.code == 2
     markdown = phases.budget_table(frame, None, 128)  # 5x and 25x the unsampled batch-1 decode step (20 ms)
-    assert "| 100.0 | 256 |" in markdown and "| 500.0 | 512 |" in markdown
+    assert "| 100.0 | 128 | 49.9 | 76.9 |" in markdown and "| 500.0 | 512 | 170.0 |" in markdown
 
 
 def test_tables(frame):

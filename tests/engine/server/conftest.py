@@ -7,13 +7,14 @@ import pytest
 
 from stallfree.engine import LLM
 from stallfree.engine.server import ServerConfig, start_server
+from tests.helpers.fakes.machine_limits import fake_machine_limits
 from tests.helpers.fakes.poisoned_runner import PoisonedRunner
 from tests.helpers.server import ENGINE
 
 
 @pytest.fixture(scope="package")
 def server():
-    with start_server(ENGINE) as handle:
+    with fake_machine_limits(), start_server(ENGINE) as handle:
         yield handle
 
 

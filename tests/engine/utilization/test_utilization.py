@@ -2,6 +2,8 @@
 limits, and the sampled operator split on a real engine."""
 from __future__ import annotations
 
+import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -9,8 +11,15 @@ import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.utilization import MachineLimits, ModelCounts, OperatorSplit, UtilizationMeter
+from stallfree.engine.utilization import (
+    MachineLimits,
+    ModelCounts,
+    OperatorSplit,
+    UtilizationMeter,
+    make_meter,
+)
 from stallfree.engine.utilization import measured_limits as limits
+from tests.helpers.fakes.machine_limits import fake_machine_limits
 
 # hidden 8, 2 heads of 4 (1 KV head), FFN 16, 2 layers, vocab 10
 ARCH = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
@@ -37,8 +46,8 @@ def test_work_by_hand():
     # a 3-token chunk after 2 cached tokens (causal pairs 3 x 2 + 1 + 2 + 3 = 12) and a decode at context 5
     work = counts.work([unit(1, 4, False), unit(3, 2, True)])
     assert work.flops == 2 * (1152 * 4 + 80 * 2) + 64 * (12 + 5)
-    # weights, K/V read (the chunk's 2 + 3, the decode's 5), K/V written (4 new tokens)
-    assert work.bytes_moved == 2464 + 32 * (10 + 4)
+    # weights, K/V read once (what was cached: the chunk's 2, the decode's 4), K/V written (4 new tokens)
+    assert work.bytes_moved == 2464 + 32 * (6 + 4)
     # a chunk that samples nothing has no lm_head row
     assert counts.work([unit(3, 0, True, samples=False)]).flops == 2 * 1152 * 3 + 64 * 6
 
@@ -70,8 +79,34 @@ def test_limits_measured_once_then_cached(tmp_path, monkeypatch):
     assert len(calls) == 3 and (tmp_path / "machine_limits.json").is_file()
 
 
+def test_only_trials_that_held_their_cores_count(monkeypatch):
+    """A trial in which the process did not run (here: slept, as if another process had its core) is no
+    measure of the machine: best_rate warns that its figure is low."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+
+    def spin():
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert limits.best_rate(1.0, spin, trials=2, repeats=1) > 0
+    with pytest.warns(limits.LowLimitWarning, match="low"):
+        limits.best_rate(1.0, lambda: time.sleep(0.002), trials=2, repeats=1)
+
+
+def test_limits_measured_busy_give_no_utilisation():
+    """A limit measured on a busy machine is low: a utilisation against it could pass 1, so none is reported."""
+    busy = MachineLimits("dev", "float32", 1e12, 1e10, "measured 2026-01-01" + limits.BUSY)
+    assert busy.busy and not MachineLimits("dev", "float32", 1e12, 1e10, "measured 2026-01-01").busy
+    runner = SimpleNamespace(machine_limits=busy)
+    meter = make_meter("simulated", runner, ARCH, torch.device("cpu"), torch.float32)
+    assert meter.limits is None and "mbu" not in meter.fields([unit(3, 0, True)], 1.0, None)
+
+
 def test_engine_records_utilisation_and_split(tiny_path):
-    engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
+    with fake_machine_limits():
+        engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
     model = engine.runner.model
     # an AMX gate_up projection with SiLU-and-mul (engine/model/amx_linear.py) outputs half the features it holds
     linear = sum(m.in_features * m.out_features * (2 if getattr(m, "silu_and_mul", False) else 1)
@@ -94,3 +129,25 @@ def test_engine_records_utilisation_and_split(tiny_path):
 def test_bad_split_interval(tiny_path):
     with pytest.raises(ValueError, match="op_split_every"):
         LLMEngine.from_kwargs(model=str(tiny_path), op_split_every=-1)
+
+
+@pytest.mark.slow
+def test_utilisation_of_small_is_a_fraction(caplog):
+    """Over real decode steps of ``small`` at batch 1 (its weights streamed from memory: the MBU that a wrong
+    bytes count or a limit measured low pushes over 1) and batch 32 (more KV, more FLOPs), against this
+    machine's measured limits. A busy machine only lengthens the iterations, so the bound still holds; where
+    the limits themselves were measured on a busy machine no utilisation is reported at all."""
+    engine = LLMEngine.from_kwargs(model="small", scheduler="vllm", max_num_seqs=32)
+    for batch in (1, 32):
+        for i in range(batch):
+            engine.add_request([5 + i] * 64, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+    records = engine.batch_records
+    assert {r.num_decode_seqs for r in records if r.num_prefill_tokens == 0} == {1, 32}
+    if engine.utilization.limits is None:
+        assert "MFU and MBU not reported" in caplog.text and "busy machine" in caplog.text
+        assert all(r.mbu is None and r.mfu is None for r in records)
+    else:
+        assert all(0 < r.mbu <= 1 and 0 < r.mfu <= 1 for r in records), \
+            [(r.num_prefill_tokens, r.num_decode_seqs, r.mbu, r.mfu) for r in records]

@@ -13,6 +13,7 @@ from stallfree.loadgen.studies.catalog import check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import COLUMNS, RUN_COLUMNS
 from stallfree.loadgen.sweep.bench_schema import load_bench
+from tests.helpers.fakes.machine_limits import fake_machine_limits
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +65,11 @@ def test_studies_write_phases_csv(tmp_path, tiny_path):
                                 "study.warmup=0", "study.repeats=1", *overrides], job_name="test")
         return run_study(load_bench(OmegaConf.create(cfg)))
 
-    run("phases", "study.decode_batch_sizes=[1,2]", "study.decode_context=16", "study.prefill_sizes=[16,5000]",
-        "study.hybrid_chunk_sizes=[16]", "study.hybrid_decodes=[2]")
-    run("tiles", "study.chunk_sizes=[15,16,17]")
-    path = run("chunking", "study.prompt_lengths=[40]", "study.chunk_sizes=[16,64]")
+    with fake_machine_limits():
+        run("phases", "study.decode_batch_sizes=[1,2]", "study.decode_context=16", "study.prefill_sizes=[16,5000]",
+            "study.hybrid_chunk_sizes=[16]", "study.hybrid_decodes=[2]")
+        run("tiles", "study.chunk_sizes=[15,16,17]")
+        path = run("chunking", "study.prompt_lengths=[40]", "study.chunk_sizes=[16,64]")
     frame = pd.read_csv(path)
     assert list(frame.columns) == COLUMNS + RUN_COLUMNS
     assert frame.groupby("study").kind.unique().map(sorted).to_dict() == {
