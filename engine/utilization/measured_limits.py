@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import time
 import warnings
@@ -34,6 +35,7 @@ CPU = torch.device("cpu")
 METHOD = "read stream, held cores"  # part of the cache key: limits measured another way are measured again
 STREAM_MIN_BYTES = 1 << 30
 STREAM_DEPTH = 4096  # the streamed weight's input features
+MATMUL_CALL_S = 0.05  # a CPU matmul trial's call takes about this long (cpu_matmul_size)
 BUSY = " on a busy machine: low"
 
 
@@ -65,14 +67,22 @@ def held_cores(cpu_s: float, wall_s: float, threads: int) -> bool:
     return cpu_s >= 0.9 * threads * wall_s
 
 
+def kernel_threads(trials: list[tuple[float, float]]) -> int:
+    """The threads a kernel runs on, from its trials' (CPU seconds, wall seconds): the most CPU per wall second
+    any trial got, rounded up, at most torch's thread count (a bf16 matmul without native bf16 runs on one)."""
+    ratio = max(cpu / wall for cpu, wall in trials)
+    return max(1, min(torch.get_num_threads(), math.ceil(ratio - 0.05)))
+
+
 def best_rate(work: float, fn: Callable[[], object], trials: int = 5, repeats: int = 5,
               clock: Callable[[], float] = time.perf_counter, device: torch.device = CPU) -> float:
     """``work`` units per second of ``fn``, the best of ``trials`` trials of ``repeats`` calls (after one
-    warm-up call). On a CPU a trial counts only where the process held its cores (``held_cores``): one that
-    another process interrupted times that process too. Up to 2 x ``trials`` run for that; where none
-    held, the best of them, with a warning that the limit is low."""
+    warm-up call). On a CPU a trial counts only where the process held the cores the kernel runs on
+    (``held_cores``, ``kernel_threads``): one that another process interrupted times that process too. Up to
+    2 x ``trials`` run for that; where none held, the best of them, with a warning that the limit is low."""
     fn()
-    held, unheld, kept = 0.0, 0.0, 0
+    timed: list[tuple[float, float, float]] = []  # (rate, CPU seconds, wall seconds)
+    held: list[float] = []
     for _ in range(2 * trials):
         _sync(device)
         start, cpu_start = clock(), time.process_time()
@@ -80,23 +90,36 @@ def best_rate(work: float, fn: Callable[[], object], trials: int = 5, repeats: i
             fn()
         _sync(device)
         wall, cpu = clock() - start, time.process_time() - cpu_start
-        rate = work * repeats / wall
-        if device.type != "cpu" or held_cores(cpu, wall, torch.get_num_threads()):
-            held, kept = max(held, rate), kept + 1
+        timed.append((work * repeats / wall, cpu, wall))
+        if device.type == "cpu":
+            threads = kernel_threads([(c, w) for _, c, w in timed])
+            held = [rate for rate, c, w in timed if held_cores(c, w, threads)]
         else:
-            unheld = max(unheld, rate)
-        if kept == trials:
+            held = [rate for rate, _, _ in timed]
+        if len(held) >= trials:
             break
-    if held == 0.0:
+    if not held:
         warnings.warn("every trial shared its cores with another process: the limit measured is low "
                       "(python -m stallfree.engine.utilization.measured_limits --refresh on a quiet machine)",
                       LowLimitWarning, stacklevel=2)
-    return held or unheld
+    return max(held) if held else max(rate for rate, _, _ in timed)
+
+
+def cpu_matmul_size(dtype: torch.dtype, call_s: float = MATMUL_CALL_S) -> int:
+    """The square matmul size whose call takes about ``call_s`` on this CPU in ``dtype`` (a multiple of 256, at
+    most 2048): a CPU without native bf16 runs a bf16 matmul a hundred times slower than one with AMX, and a
+    size fit for the fast one would take minutes there."""
+    a = torch.randn(256, 256).to(dtype)
+    a @ a
+    start = time.perf_counter()
+    a @ a
+    rate = 2 * 256**3 / max(time.perf_counter() - start, 1e-9)
+    return int(min(2048, max(256, (call_s * rate / 2) ** (1 / 3) // 256 * 256)))
 
 
 def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int | None = None,
                          clock: Callable[[], float] = time.perf_counter) -> float:
-    n = n or (8192 if device.type == "cuda" else 2048)
+    n = n or (8192 if device.type == "cuda" else cpu_matmul_size(dtype))
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     best = best_rate(2 * n**3, lambda: a @ b, clock=clock, device=device)
     if can_pack(device, dtype):

@@ -95,6 +95,21 @@ def test_only_trials_that_held_their_cores_count(monkeypatch):
         limits.best_rate(1.0, lambda: time.sleep(0.002), trials=2, repeats=1)
 
 
+def test_a_kernel_on_fewer_threads_than_torch_has_holds_its_cores(monkeypatch):
+    """A kernel that runs on one thread (a bf16 matmul on a CPU without native bf16) holds its core though the
+    process has two threads: its trials count, and no warning says the limit is low."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+
+    def spin():
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+    assert limits.kernel_threads([(0.99, 1.0), (0.5, 1.0)]) == 1 and limits.kernel_threads([(1.9, 1.0)]) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert limits.best_rate(1.0, spin, trials=2, repeats=1) > 0
+
+
 def test_limits_measured_busy_give_no_utilisation():
     """A limit measured on a busy machine is low: a utilisation against it could pass 1, so none is reported."""
     busy = MachineLimits("dev", "float32", 1e12, 1e10, "measured 2026-01-01" + limits.BUSY)
