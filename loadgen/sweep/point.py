@@ -12,7 +12,7 @@ import time
 
 from tqdm import tqdm
 
-from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
+from stallfree.loadgen.results.request_metrics import UnloadedTtft, pipeline_summary, summarize
 from stallfree.loadgen.results.run_dir import (
     is_complete,
     rebuild_experiment_summary,
@@ -91,10 +91,11 @@ def _read_summary(plan: RunPlan) -> dict:
 
 
 def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
-              part: RunPart | None = None) -> dict:
+              part: RunPart | None = None, slo: dict | None = None, unloaded_ttft: UnloadedTtft | None = None) -> dict:
     """Measure one point (or read it back when complete); return its summary. ``rerun``: measure it
     again as a run of its own (loadgen.sweep.plan.plan_run). ``part``: its place in the job, for the progress
-    line (loadgen.sweep.progress)."""
+    line (loadgen.sweep.progress). ``slo``: the SLO fields resolved once for a whole capacity search (else
+    resolved here); ``unloaded_ttft``: the baseline of the client-side scheduling delay."""
     started, progress = time.monotonic(), current()
     plan = plan_run(cfg, capacity_slo, rerun)
     part = part or RunPart()
@@ -106,7 +107,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
         _report("cached", plan, summary)
         progress.run_ended(point, part, time.monotonic() - started, cached=True, summary=summary)
         return summary
-    slo = resolve_slo(cfg, plan.exp_dir, targets)
+    slo = slo or resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
     specs = build_workload(cfg.arrival.settings(), cfg.workload.lengths, cfg.num_requests,
                            cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
@@ -124,7 +125,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                           f"{plan.exp_dir / '.logs'}). Nothing recorded")
     summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
-                           slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
+                           slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput, unloaded_ttft=unloaded_ttft),
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
                **dataclasses.asdict(where)}

@@ -7,7 +7,10 @@ share a core or the GIL with the load generator under test:
 
     python tests/helpers/fakes/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
 
-``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
+``GET /v1/models`` lists one model, ``fake``. ``"model": "fake-status-<code>"`` in a request makes it answer
+with that HTTP error instead.
+``--max-concurrency N`` serves at most N requests at a time: the others queue (first come, first served)
+and their schedule starts when they get a slot, so a load above N / (request time) makes it fall behind.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import time
 from collections.abc import Iterator
 
 ERROR_MODEL_PREFIX = "fake-status-"
+MODEL_ID = "fake"  # the one model GET /v1/models lists
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
@@ -32,9 +36,17 @@ def _sse(obj: dict | str) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"  # one HTTP chunk per SSE event
 
 
-async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: float, tbt_s: float) -> None:
+async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: float, tbt_s: float,
+                         slots: asyncio.Semaphore | None) -> None:
+    arrival = time.time()
+    async with slots or contextlib.nullcontext():
+        await _stream_scheduled(writer, request, ttft_s, tbt_s, arrival)
+
+
+async def _stream_scheduled(writer: asyncio.StreamWriter, request: dict, ttft_s: float, tbt_s: float,
+                            arrival: float) -> None:
     loop = asyncio.get_running_loop()
-    arrival, start = time.time(), loop.time()
+    scheduled, start = time.time(), loop.time()
     n = int(request.get("max_tokens", 16))
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     token_times = []
@@ -46,10 +58,16 @@ async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: fl
         await writer.drain()  # raises once the client has gone
     usage = {"prompt_tokens": len(request["prompt"]), "completion_tokens": n,
              "total_tokens": len(request["prompt"]) + n}
-    timings = {"arrival_time": arrival, "first_scheduled_time": arrival, "token_times": token_times,
+    timings = {"arrival_time": arrival, "first_scheduled_time": scheduled, "token_times": token_times,
                "finish_time": time.time(), "num_preemptions": 0}
     final = {"object": "text_completion", "choices": [], "usage": usage, "stallfree": timings}
     writer.write(_sse(final) + _sse("[DONE]") + b"0\r\n\r\n")
+
+
+def _models_response() -> bytes:
+    body = json.dumps({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]}).encode()
+    return (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
 def _error_response(status: int) -> bytes:
@@ -59,7 +77,7 @@ def _error_response(status: int) -> bytes:
 
 
 async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            ttft_s: float, tbt_s: float) -> None:
+                            ttft_s: float, tbt_s: float, slots: asyncio.Semaphore | None) -> None:
     with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
         while True:  # keep-alive: one request after another on this connection
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
@@ -67,17 +85,20 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                            if line.startswith("content-length:")), 0)
             request = json.loads(await reader.readexactly(length)) if length else {}
             model = request.get("model", "")
-            if model.startswith(ERROR_MODEL_PREFIX):
+            if head.startswith("get /v1/models"):
+                writer.write(_models_response())
+            elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))
             else:
-                await _stream_tokens(writer, request, ttft_s, tbt_s)
+                await _stream_tokens(writer, request, ttft_s, tbt_s, slots)
             await writer.drain()
     writer.close()
 
 
-async def _main(ttft_ms: float, tbt_ms: float) -> None:
+async def _main(ttft_ms: float, tbt_ms: float, max_concurrency: int | None) -> None:
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     server = await asyncio.start_server(
-        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3), "127.0.0.1", 0, backlog=1024)
+        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, slots), "127.0.0.1", 0, backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()
 
@@ -103,9 +124,10 @@ def realtime_priority() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0) -> Iterator[str]:
+def running_fake_server(ttft_ms: float = 20.0, tbt_ms: float = 5.0, max_concurrency: int | None = None) -> Iterator[str]:
     """Start the fake in a subprocess; yield its base URL; stop it on exit."""
-    proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms)],
+    limit = ["--max-concurrency", str(max_concurrency)] if max_concurrency else []
+    proc = subprocess.Popen([sys.executable, __file__, "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms), *limit],
                             stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline().split()[1])
@@ -119,6 +141,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--tbt-ms", type=float, default=5.0)
+    parser.add_argument("--max-concurrency", type=int, default=None, help="requests served at once (default: all)")
     args = parser.parse_args()
     with realtime_priority():
-        asyncio.run(_main(args.ttft_ms, args.tbt_ms))
+        asyncio.run(_main(args.ttft_ms, args.tbt_ms, args.max_concurrency))
