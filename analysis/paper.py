@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from stallfree.analysis.capacity import EXACT, with_bound
+
 # The paper's headline capacity gains of sarathi (OSDI'24 abstract and Sec. 5): "up to" over its traces and
 # SLOs, by deployment (conf/model) and baseline.
 PAPER_RATIOS = {
@@ -30,7 +32,7 @@ DEPLOYMENTS = ("mistral7b_a100", "yi34b_a100_tp2", "llama2_70b_a40_tp4_pp2", *FA
 POLICIES = ("vllm", "orca", "sarathi")
 ABLATION = ("hybrid", "chunked_prefill", "sarathi")
 KEYS = ["deployment", "trace", "slo", "policy"]
-TABLE_COLUMNS = [*KEYS, "slo_tbt_ms", "chunk_size", "capacity_qps", "bracketed", "ratio_to_vllm",
+TABLE_COLUMNS = [*KEYS, "slo_tbt_ms", "chunk_size", "capacity_qps", "capacity_bound", "capacity_display", "ratio_to_vllm",
                  "ratio_to_orca", "p99_tbt_ms", "median_ttft_ms", "median_scheduling_delay_ms",
                  "pipeline_bubble_fraction"]
 
@@ -50,7 +52,7 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
 def capacity_table(results_dir: str | Path) -> pd.DataFrame:
     """One row per deployment x trace x SLO x policy: the capacity, its ratios to vllm and orca under the same
     deployment, trace and SLO, and the metrics of the run at the capacity (the highest passing probe)."""
-    records = [r for f in _files(results_dir, "capacity.json") for r in json.loads(f.read_text())
+    records = [with_bound(r) for f in _files(results_dir, "capacity.json") for r in json.loads(f.read_text())
                if r.get("model") in DEPLOYMENTS]
     if not records:
         return pd.DataFrame(columns=TABLE_COLUMNS)
@@ -62,11 +64,12 @@ def capacity_table(results_dir: str | Path) -> pd.DataFrame:
     for column in ("p99_tbt_ms", "median_ttft_ms", "median_scheduling_delay_ms", "pipeline_bubble_fraction"):
         values = runs[column] if column in runs else pd.Series(dtype=float)
         table[column] = [values.get(run_id) if run_id is not None else None for run_id in at_capacity]
+    table["exact_qps"] = table["capacity_qps"].where(table["capacity_bound"] == EXACT)  # no ratio from a bound
     for baseline in ("vllm", "orca"):
-        base = (table[table["policy"] == baseline].set_index(["deployment", "trace", "slo"])["capacity_qps"]
+        base = (table[table["policy"] == baseline].set_index(["deployment", "trace", "slo"])["exact_qps"]
                 .rename(f"base_{baseline}"))
         table = table.join(base, on=["deployment", "trace", "slo"])
-        table[f"ratio_to_{baseline}"] = table["capacity_qps"] / table[f"base_{baseline}"].where(
+        table[f"ratio_to_{baseline}"] = table["exact_qps"] / table[f"base_{baseline}"].where(
             table[f"base_{baseline}"] > 0)
     order = {name: i for i, name in enumerate(DEPLOYMENTS)}
     return (table.assign(_order=table["deployment"].map(order), _policy=table["policy"].map(POLICIES.index))

@@ -40,7 +40,8 @@ def test_a_server_that_falls_behind_fails_the_keep_pace_rules(tmp_path):
 @pytest.mark.slow
 def test_an_unbracketed_search_says_at_least_and_judges_every_point_by_one_slo(tmp_path):
     with running_fake_server(ttft_ms=20, tbt_ms=5) as url:
-        done, record = capacity(url, tmp_path, "slo=relaxed", "capacity.start_qps=2", "capacity.max_qps=8")
+        done, record = capacity(url, tmp_path, "slo=relaxed", "num_requests=8", "capacity.start_qps=4",
+                                "capacity.max_qps=8")
     assert (record["capacity_bound"], record["capacity_qps"]) == ("lower", 8.0), record["points"]
     assert record["capacity_display"] == ">= 8 qps (the highest rate tried)"
     assert ": >= 8 qps (the highest rate tried)" in done.stdout

@@ -104,8 +104,8 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_groups import CONF_DIR
-    from stallfree.loadgen.sweep import capacity_search as capacity
     from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.loadgen.sweep import capacity_search as capacity
     from stallfree.loadgen.sweep.bench_schema import load_bench
 
     capacities, calls, parts, slos = {0: 4.0, 1: 6.0}, [], [], []
