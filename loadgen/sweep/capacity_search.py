@@ -34,6 +34,7 @@ from stallfree.loadgen.sweep.keep_pace import checks, reason
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
+from stallfree.loadgen.sweep.progress import RunPart
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 
@@ -42,16 +43,16 @@ RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests") 
 
 @dataclass
 class Point:
-    qps: float
-    passed: bool
+    qps: float  # the offered load
+    passed: bool  # every rule of loadgen.sweep.keep_pace held
     p99_tbt_ms: float | None = None
     median_scheduling_delay_ms: float | None = None  # server-side (None: the target does not report it)
-    failed: int = 0
-    run_id: str | None = None
-    num_requests: int | None = None
-    completion_ratio: float | None = None
-    median_client_scheduling_delay_ms: float | None = None
-    client_scheduling_delay_growth_ms: float | None = None
+    failed: int = 0  # failed requests
+    run_id: str | None = None  # the point's run directory in the experiment
+    num_requests: int | None = None  # sent: max(num_requests, qps x capacity.min_duration_s), capped
+    completion_ratio: float | None = None  # completion rate / offered rate over the steady window
+    median_client_scheduling_delay_ms: float | None = None  # TTFT - the unloaded TTFT of the prompt's length
+    client_scheduling_delay_growth_ms: float | None = None  # last third - first third of the steady window
     failed_rules: list[str] = field(default_factory=list)  # loadgen.sweep.keep_pace rule names
     reason: str = ""  # the failed rules' values against their bounds (all rules' when it passed)
 
@@ -152,17 +153,29 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: Unlo
     was disturbed (summary ``disturbed``: the engine got too little CPU) is measured once more."""
     c, points = cfg.capacity, []
 
+    def run(qps: float, num_requests: int, part: RunPart) -> dict:
+        point_cfg = cfg.with_qps(qps).with_num_requests(num_requests)
+        args = {"capacity_slo": cfg.slo.name, "part": part, "slo": slo, "unloaded_ttft": unloaded}
+        summary = run_point(point_cfg, targets, **args)
+        if summary.get("disturbed"):
+            print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
+            summary = run_point(point_cfg, targets, rerun=True, **args)
+        return summary
+
     def measure(qps: float) -> Point:
-        point_cfg = cfg.with_qps(qps).with_num_requests(c.num_requests(qps, cfg.num_requests))
         share = (len(points) + 1) / (len(points) + probes_left(points, c.min_qps, c.max_qps, c.tolerance))
         part = repeat_part(cfg, repeat, min(share, 1.0))
         part.extras["qps"] = qps
-        run = {"capacity_slo": cfg.slo.name, "part": part, "slo": slo, "unloaded_ttft": unloaded}
-        summary = run_point(point_cfg, targets, **run)
-        if summary.get("disturbed"):
-            print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
-            summary = run_point(point_cfg, targets, rerun=True, **run)
-        point = point_from_summary(summary, slo["slo_tbt_ms"], c)
+        num_requests = c.num_requests(qps, cfg.num_requests)
+        while True:  # a point too short for the requests it kept in flight is measured again, longer
+            summary = run(qps, num_requests, part)
+            point = point_from_summary(summary, slo["slo_tbt_ms"], c)
+            longer = c.longer(summary["peak_in_flight"])
+            if "length" not in point.failed_rules or longer <= num_requests:
+                break
+            print(f"  qps {qps:g}: {num_requests} requests, {summary['peak_in_flight']} in flight at once: "
+                  f"measuring again with {longer}", flush=True)
+            num_requests = longer
         if not points and point.median_scheduling_delay_ms is None:
             print("[capacity] the target reports no server-side scheduling delay: points are judged by the "
                   "client-side rules (completion rate, client-side scheduling delay and its growth)", flush=True)

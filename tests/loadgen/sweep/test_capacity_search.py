@@ -141,3 +141,34 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     assert all(s is slo and u is unloaded for s, u, _ in slos)
     assert all(n == max(64, math.ceil(qps * 20)) for (_, qps, _), (_, _, n) in zip(calls, slos, strict=True))
     assert (record["capacity_bound"], record["capacity_display"]) == ("exact", f"{record['capacity_qps']:.3g} qps")
+
+
+def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.loadgen.sweep import capacity_search as capacity
+    from stallfree.loadgen.sweep.bench_schema import load_bench
+
+    sent = []
+
+    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
+        sent.append((cfg.qps, cfg.num_requests))
+        return {"qps": cfg.qps, "run_id": f"q{cfg.qps}-n{cfg.num_requests}", "completed": cfg.num_requests,
+                "failed": 0, "p99_tbt_ms": 10.0, "median_scheduling_delay_ms": None, "completion_ratio": 1.0,
+                "peak_in_flight": 50, "median_client_scheduling_delay_ms": 0.0,
+                "client_scheduling_delay_growth_ms": 0.0}
+
+    monkeypatch.setattr(capacity, "run_point", fake_run_point)
+    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {"slo_name": "strict",
+                                                                                "slo_tbt_ms": 100.0})
+    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (UnloadedTtft(1.0, 0.0), {}))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.start_qps=4", "capacity.max_qps=8",
+                                           "capacity.max_requests=256", "capacity.min_duration_s=20",
+                                           f"results_dir={tmp_path}"]))
+    record = capacity.run_search(cfg, targets=None)
+    # 4 x 50 in flight = 200 requests: 4 qps measured again with 200; 8 qps (160) too; 8 x 20 s fit in 256
+    assert sent == [(4.0, 80), (4.0, 200), (8.0, 160), (8.0, 200)]
+    assert [p["passed"] for p in record["points"]] == [True, True] and record["capacity_display"].startswith(">= 8")
