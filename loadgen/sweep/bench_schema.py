@@ -177,10 +177,12 @@ class CapacityGroup:
         """The requests of a point at ``qps``: enough to last min_duration_s, at least num_requests."""
         return min(max(num_requests, math.ceil(qps * self.min_duration_s)), self.max_requests)
 
-    def longer(self, peak_in_flight: int) -> int:
-        """The requests of a point measured again because it sent fewer than min_requests_per_in_flight x its
-        peak in-flight requests (at most max_requests)."""
-        return min(math.ceil(self.min_requests_per_in_flight * peak_in_flight), self.max_requests)
+    def longer(self, num_requests: int, peak_in_flight: int) -> int:
+        """The requests of a point measured again because its ``num_requests`` were fewer than
+        min_requests_per_in_flight x its peak in-flight requests: that many, and at least twice as many (a
+        server falling behind keeps more in flight the longer it runs), at most max_requests."""
+        wanted = max(math.ceil(self.min_requests_per_in_flight * peak_in_flight), 2 * num_requests)
+        return min(wanted, self.max_requests)
 
 
 @dataclass

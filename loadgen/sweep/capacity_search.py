@@ -170,7 +170,7 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: Unlo
         while True:  # a point too short for the requests it kept in flight is measured again, longer
             summary = run(qps, num_requests, part)
             point = point_from_summary(summary, slo["slo_tbt_ms"], c)
-            longer = c.longer(summary["peak_in_flight"])
+            longer = c.longer(num_requests, summary["peak_in_flight"])
             if "length" not in point.failed_rules or longer <= num_requests:
                 break
             print(f"  qps {qps:g}: {num_requests} requests, {summary['peak_in_flight']} in flight at once: "

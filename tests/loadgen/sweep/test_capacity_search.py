@@ -169,6 +169,6 @@ def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path
                                            "capacity.max_requests=256", "capacity.min_duration_s=20",
                                            f"results_dir={tmp_path}"]))
     record = capacity.run_search(cfg, targets=None)
-    # 4 x 50 in flight = 200 requests: 4 qps measured again with 200; 8 qps (160) too; 8 x 20 s fit in 256
-    assert sent == [(4.0, 80), (4.0, 200), (8.0, 160), (8.0, 200)]
+    # 4 x 50 in flight = 200 requests: 4 qps measured again with 200; 8 qps (160) with twice as many, capped
+    assert sent == [(4.0, 80), (4.0, 200), (8.0, 160), (8.0, 256)]
     assert [p["passed"] for p in record["points"]] == [True, True] and record["capacity_display"].startswith(">= 8")
