@@ -167,11 +167,11 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: Unlo
         part = repeat_part(cfg, repeat, min(share, 1.0))
         part.extras["qps"] = qps
         num_requests = c.num_requests(qps, cfg.num_requests)
-        while True:  # a point too short for the requests it kept in flight is measured again, longer
+        while True:  # a point that failed only for being short for its concurrency is measured again, longer
             summary = run(qps, num_requests, part)
             point = point_from_summary(summary, slo["slo_tbt_ms"], c)
             longer = c.longer(num_requests, summary["peak_in_flight"])
-            if "length" not in point.failed_rules or longer <= num_requests:
+            if point.failed_rules != ["length"] or longer <= num_requests:
                 break
             print(f"  qps {qps:g}: {num_requests} requests, {summary['peak_in_flight']} in flight at once: "
                   f"measuring again with {longer}", flush=True)

@@ -9,8 +9,8 @@ from what every target shows a client (the run summary's fields, loadgen.results
 * ``delay_growth``: that delay grows by <= ``capacity.max_delay_growth_s`` from the first to the last third
   of the steady window (a queue that keeps building is a server falling behind, however short the run);
 * ``length``: the point sent >= ``capacity.min_requests_per_in_flight`` x its peak in-flight requests (a
-  burst that the server absorbs at once says nothing about the rate it sustains; the search measures such a
-  point again, longer, before it counts as failed);
+  burst that the server absorbs at once says nothing about the rate it sustains; the search measures a point
+  that fails only this rule again, longer);
 * ``server_delay``: the server's own median scheduling delay <= the same bound, where the target reports it
   (stallfree-serve, inprocess); skipped, and said so, where it does not.
 """

@@ -66,12 +66,12 @@ def cached_unloaded_ttft(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -
            "workload": cfg.composed["workload"], "seed": cfg.seed, "num_requests": cfg.num_requests}
     path = exp_dir / ".probes" / f"unloaded-ttft-{digest(key)}.json"
     if path.is_file() and (cfg.rerun != "all" or path in _measured_here):
-        record = json.loads(path.read_text())
+        record = json.loads(path.read_text())["unloaded_ttft"]
     else:
         _, record = measure_unloaded_ttft(cfg, targets.get(cfg, exp_dir / ".logs"))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({**record, **key}, indent=2) + "\n")
+        tmp.write_text(json.dumps({"unloaded_ttft": record, **key}, indent=2) + "\n")
         tmp.replace(path)
         _measured_here.add(path)
     return UnloadedTtft(record["intercept_ms"], record["per_prompt_token_ms"]), record

@@ -71,8 +71,8 @@ def test_capacity_search_on_tiny_inprocess(tmp_path):
     args = ["scheduler=faster_transformer", "scheduler.max_num_seqs=1", "workload=fixed",
             "workload.lengths.prompt=32", "workload.lengths.output=32", "arrival=constant", "num_requests=16",
             "slo=strict", "slo.tbt_ms=60000", "capacity.start_qps=2", "capacity.min_qps=0.25",
-            "capacity.max_qps=512", "capacity.tolerance=0.5", "capacity.max_p50_scheduling_delay_s=0.05",
-            "capacity.min_duration_s=0.5", "capacity.max_requests=256",
+            "capacity.max_qps=128", "capacity.tolerance=0.5", "capacity.max_p50_scheduling_delay_s=0.05",
+            "capacity.min_duration_s=0.5", "capacity.max_requests=128",
             f"results_dir={tmp_path}"]
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
     done = subprocess.run([BIN / "stallfree-capacity", *args], capture_output=True, text=True, env=env,
