@@ -165,6 +165,14 @@ def label_configs(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(chunk_size=chunk_size, chunk=chunk, config=config)
 
 
+def engine_labels(frame: pd.DataFrame) -> pd.Series:
+    """The engine of each run or capacity record (a frame with `target`, `scheduler`, `chunk_size`): a server
+    the bench did not start (`target` "url") is the label its runs carry in `scheduler`; stallfree is
+    "stallfree <policy>[-<chunk size>]"."""
+    external = frame["target"].eq("url") if "target" in frame else pd.Series(False, index=frame.index)
+    return frame["scheduler"].astype(str).where(external, "stallfree " + label_configs(frame)["config"])
+
+
 def _paths(source: str | Path | Iterable[str | Path]) -> list[Path]:
     return [Path(source)] if isinstance(source, str | Path) else [Path(p) for p in source]
 

@@ -1,6 +1,7 @@
 """`stallfree-report RESULTS_DIR`: execute the analysis notebooks on a results set and render one HTML
-report (RESULTS_DIR/report.html, code hidden), PNG figures (RESULTS_DIR/figures/) and the executed
-notebooks (RESULTS_DIR/notebooks/)."""
+report (RESULTS_DIR/report.html, code hidden) that opens with its conclusion (analysis.conclusion, also
+RESULTS_DIR/conclusion.md), PNG figures (RESULTS_DIR/figures/) and the executed notebooks
+(RESULTS_DIR/notebooks/)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,18 @@ from jupyter_client.manager import AsyncKernelManager
 from nbconvert import HTMLExporter
 from traitlets import default
 
-from stallfree.analysis.load import load_runs
+from stallfree.analysis.capacity import slo_levels
+from stallfree.analysis.conclusion import conclusion_markdown, paper_conclusion
+from stallfree.analysis.load import load_batches, load_runs
 from stallfree.analysis.paper import capacity_table
 from stallfree.analysis.phases import find_phases
 from stallfree.analysis.vllm_format import export_vllm
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",
-            "paper": "The Sarathi-Serve study on simulated GPU deployments"}
-OPTIONAL_SECTIONS = {"paper"}  # only for results that hold it (analysis.paper), and then alone
+            "paper": "The Sarathi-Serve study on simulated GPU deployments", "compare": "Engines side by side"}
+OPTIONAL_SECTIONS = {"paper", "compare"}  # only for results that hold them (analysis.paper, analysis.compare)
+COMPARE_SECTIONS = ["compare"]  # an engine comparison's report, in order (+experiment=compare)
 GENERIC_SECTIONS = [name for name in SECTIONS if name not in OPTIONAL_SECTIONS]
 PHASES = "phases"  # the characterisation studies: included when a phases.csv is there
 
@@ -70,10 +74,13 @@ def refresh_notebooks() -> None:
         _papermill(NOTEBOOK_DIR / f"{name}.ipynb", NOTEBOOK_DIR / f"{name}.ipynb", {})
 
 
-def render_html(notebooks: list[Path], output: str | Path, title: str) -> Path:
-    """One HTML page from executed notebooks, in order, without code cells' input or stderr."""
+def render_html(notebooks: list[Path], output: str | Path, title: str, conclusion: str = "") -> Path:
+    """One HTML page: the conclusion (markdown), then the executed notebooks in order, without code cells'
+    input or stderr."""
     executed = [nbformat.read(path, as_version=4) for path in notebooks]
     cells = [nbformat.v4.new_markdown_cell(f"*{title}*")]
+    if conclusion:
+        cells.append(nbformat.v4.new_markdown_cell(conclusion))
     for notebook in executed:
         for cell in notebook.cells:
             if cell.cell_type == "code":
@@ -88,13 +95,30 @@ def render_html(notebooks: list[Path], output: str | Path, title: str) -> Path:
 
 def has_section_data(name: str, results_dir: Path) -> bool:
     """Whether an optional section has anything to show in RESULTS_DIR."""
+    if name == "compare":
+        return any(results_dir.glob("compare.json")) or any(results_dir.glob("*/compare.json"))
     return name == "paper" and not capacity_table(results_dir).empty
+
+
+def write_conclusion(results_dir: Path, paper_study: bool, slo_tbt_ms: float | None,
+                     relaxed_slo_tbt_ms: float | None) -> str:
+    """RESULTS_DIR/conclusion.md (analysis.conclusion); returns its markdown."""
+    runs = load_runs(results_dir)
+    if paper_study:
+        text = paper_conclusion(results_dir)
+    elif runs.empty:
+        text = "# Conclusion\n\nNo load-test runs here: this report holds the characterisation studies alone."
+    else:
+        text = conclusion_markdown(results_dir, runs, slo_levels(runs, load_batches(runs), slo_tbt_ms,
+                                                                  relaxed_slo_tbt_ms))
+    (results_dir / "conclusion.md").write_text(text + "\n", encoding="utf-8")
+    return text
 
 
 def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
                  relaxed_slo_tbt_ms: float | None = None, qps: float | None = None) -> Path:
     """Executes every notebook of `SECTIONS` on RESULTS_DIR (when it holds runs) and the phases notebook (when
-    it holds a phases.csv), and writes RESULTS_DIR/report.html."""
+    it holds a phases.csv), and writes RESULTS_DIR/report.html, opening with RESULTS_DIR/conclusion.md."""
     results_dir = Path(results_dir)
     figures_dir = str((results_dir / "figures").resolve())
     common = {"slo_tbt_ms": slo_tbt_ms, "relaxed_slo_tbt_ms": relaxed_slo_tbt_ms, "figures_dir": figures_dir}
@@ -102,8 +126,11 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
     # The paper study's results mix deployments and traces, which the generic sections (one model and
     # workload, policies side by side) cannot tell apart: they get the paper section alone.
     phases_csv = find_phases(results_dir)
-    if has_section_data("paper", results_dir):
+    paper_study = has_section_data("paper", results_dir)
+    if paper_study:
         sections = [(name, results_dir, {}) for name in ["paper"]]
+    elif has_section_data("compare", results_dir):  # engines side by side: policies' sections do not apply
+        sections = [(name, results_dir, {}) for name in COMPARE_SECTIONS]
     elif phases_csv is None or not load_runs(results_dir).empty:
         sections = [(name, results_dir, extra.get(name, {})) for name in GENERIC_SECTIONS]
     else:
@@ -118,7 +145,8 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
         params = {"slo_tbt_ms": slo_tbt_ms, "figures_dir": figures_dir} if name == PHASES else {**common, **knobs}
         executed.append(execute_notebook(name, data_dir, results_dir / "notebooks", **params))
         print(f"done in {time.monotonic() - started:.0f} s", flush=True)
-    return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}")
+    conclusion = write_conclusion(results_dir, paper_study, slo_tbt_ms, relaxed_slo_tbt_ms)
+    return render_html(executed, results_dir / "report.html", f"stallfree report: {results_dir}", conclusion)
 
 
 def main(argv: list[str] | None = None) -> int:

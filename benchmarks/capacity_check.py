@@ -14,13 +14,13 @@ Arguments after the options are stallfree-bench overrides (workload, slo, capaci
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 
-from benchmarks.lib.server_process import start_server, stop_server
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.keep_pace import checks
@@ -28,12 +28,12 @@ from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import run_point
 from stallfree.loadgen.sweep.slo import resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
+from stallfree.loadgen.targets.server_process import ServerProcess, free_port
 
 SMOKE = ["slo=relaxed", "workload=fixed", "workload.lengths.prompt=32", "workload.lengths.output=16",
          "num_requests=16", "capacity.start_qps=2", "capacity.min_duration_s=2", "capacity.max_qps=32",
          "capacity.tolerance=0.5"]
 SMOKE_DURATION_S = 5.0
-SERVE_PORT = 8131
 
 
 def bench_config(overrides: list[str]) -> BenchConfig:
@@ -61,6 +61,26 @@ def open_loop_run(cfg: BenchConfig, targets: LiveTarget, qps: float, duration_s:
             "kept_pace": not failed & {"completion", "delay_growth", "failed"}, "within_slo": not failed}
 
 
+def check(args: argparse.Namespace, url: str, duration: float, targets: LiveTarget) -> dict:
+    """The search on ``url``, then the open-loop runs at its capacity and at twice it."""
+    label = [f"target.label={args.label}"] if args.label else []
+    cfg = bench_config(["mode=capacity", "experiment_name=capacity_check", f"results_dir={args.results_dir}",
+                        "target=url", f"target.url={url}", *label, *(SMOKE if args.smoke else []), *args.overrides])
+    search = run_search(cfg, targets)
+    capacity = search["capacity_qps"]
+    result = {"url": url, "label": args.label, "duration_s": duration, "overrides": args.overrides,
+              "smoke": args.smoke, "search": search, "consistent": None}
+    if capacity == 0:
+        print(f"[capacity_check] {search['capacity_display']}: no rate passed, nothing to check", flush=True)
+        return result
+    at, double = (open_loop_run(cfg, targets, qps, duration) for qps in (capacity, 2 * capacity))
+    result.update(at_capacity=at, at_double=double, consistent=at["kept_pace"] and not double["within_slo"])
+    print(f"[capacity_check] {search['capacity_display']}: at it kept pace {at['kept_pace']} (completion "
+          f"{at['completion_ratio']:.2f}x); at twice it within the SLO {double['within_slo']}; consistent: "
+          f"{result['consistent']}", flush=True)
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running OpenAI-compatible server; default: start stallfree-serve for --model")
@@ -74,36 +94,16 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out or f"benchmarks/results/capacity_check{'_' + args.label if args.label else ''}.json")
     duration = SMOKE_DURATION_S if args.smoke else args.duration
-    server, url = None, args.url
-    if url is None:
-        url = f"http://127.0.0.1:{SERVE_PORT}"
-        log = Path(args.results_dir) / "stallfree-serve.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        serve = Path(sys.executable).with_name("stallfree-serve")
-        server = start_server([str(serve), f"model={args.model}", f"port={SERVE_PORT}"], url, log)
-    targets = LiveTarget()
-    try:
-        label = [f"target.label={args.label}"] if args.label else []
-        cfg = bench_config(["mode=capacity", "experiment_name=capacity_check", f"results_dir={args.results_dir}",
-                            "target=url", f"target.url={url}", *label, *(SMOKE if args.smoke else []), *args.overrides])
-        search = run_search(cfg, targets)
-        capacity = search["capacity_qps"]
-        result = {"url": url, "label": args.label, "duration_s": duration, "overrides": args.overrides,
-                  "smoke": args.smoke, "search": search}
-        if capacity > 0:
-            at, double = (open_loop_run(cfg, targets, qps, duration) for qps in (capacity, 2 * capacity))
-            result.update(at_capacity=at, at_double=double,
-                          consistent=at["kept_pace"] and not double["within_slo"])
-            print(f"[capacity_check] {search['capacity_display']}: at it kept pace {at['kept_pace']} "
-                  f"(completion {at['completion_ratio']:.2f}x); at twice it within the SLO {double['within_slo']}; "
-                  f"consistent: {result['consistent']}", flush=True)
-        else:
-            result["consistent"] = None  # nothing passed: no rate to check
-            print(f"[capacity_check] {search['capacity_display']}: no rate passed, nothing to check", flush=True)
-    finally:
-        targets.close()
-        if server is not None:
-            stop_server(server)
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if url is None:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            serve = [str(Path(sys.executable).with_name("stallfree-serve")), f"model={args.model}", f"port={port}"]
+            stack.enter_context(ServerProcess(serve, url, Path(args.results_dir) / "stallfree-serve.log"))
+        targets = LiveTarget()
+        stack.callback(targets.close)
+        result = check(args, url, duration, targets)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}", flush=True)

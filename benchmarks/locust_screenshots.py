@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,18 +23,13 @@ import httpx
 from benchmarks.server_overhead import start_server
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
+from stallfree.loadgen.targets.server_process import free_port
 from stallfree.loadgen.workload.request_specs import build_workload
 from stallfree.loadgen.workload.text_prompts import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 SONNET = {"kind": "sonnet", "input_len": 160, "prefix_len": 48, "output_len": 48}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_specs(model: str, path: Path, num_requests: int) -> None:
@@ -102,8 +96,7 @@ def main() -> None:
         finally:
             ui.terminate()
             ui.wait(30)
-            server.terminate()
-            server.wait(30)
+            server.stop()
     print(f"wrote {out / 'locust_ui.png'} and {out / 'locust_llm_tab.png'}")
 
 

@@ -1,7 +1,7 @@
 """Write the operator cost model of each of the paper's deployments as JSON: every input file
 (repository, commit, path), every modelled assumption, the fitted parameters and the operator times.
 
-    python -m benchmarks.operator_cost_models   # -> engine/simulator/cost_models/<gpu>-<shape>-tp<N>.json
+    python -m benchmarks.operator_cost_models   # -> benchmarks/results/operator_cost_models/<gpu>-<shape>-tp<N>.json
 
 It also times ``stage_seconds`` (calls/s on a mix of hybrid, decode-only and prefill-only batches, each
 through one stage or two) and writes that to benchmarks/results/stage_seconds_speed.json.
@@ -51,7 +51,7 @@ def calls_per_second(model: OperatorCostModel, batches: list[StageBatch], num_la
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out-dir", type=Path, default=Path("engine/simulator/cost_models"))
+    ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/operator_cost_models"))
     ap.add_argument("--speed-out", type=Path, default=Path("benchmarks/results/stage_seconds_speed.json"))
     ap.add_argument("--calls", type=int, default=100_000)
     args = ap.parse_args()

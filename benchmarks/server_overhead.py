@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.engine_throughput import make_prompts, run_engine, workload_parser, write_result
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
 from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.targets.server_process import ServerProcess
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
-def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> subprocess.Popen:
-    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "stallfree-serve"), f"model={model}",
-                             "scheduler=sarathi", f"chunk_size={chunk_size}", f"port={port}", *overrides],
-                            stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if "ready" in line:
-            return proc
-    raise RuntimeError("stallfree-serve exited before it was ready")
+def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> ServerProcess:
+    """A stallfree-serve of ``model`` (sarathi at ``chunk_size``) on 127.0.0.1:``port``, answering."""
+    command = [os.path.join(os.path.dirname(sys.executable), "stallfree-serve"), f"model={model}",
+               "scheduler=sarathi", f"chunk_size={chunk_size}", f"port={port}", *overrides]
+    log = Path(tempfile.gettempdir()) / f"stallfree-serve-{port}.log"
+    return ServerProcess(command, f"http://127.0.0.1:{port}", log).start()
 
 
 def measure_burst(url: str, model: str, prompts: list[list[int]],
@@ -71,8 +71,7 @@ def main() -> None:
             http_ttfts.append(row.first_token_time - row.send_time)
             server_ttfts.append(row.server_token_times[0] - row.server_arrival_time)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        proc.stop()
     result["ratio_http_vs_inprocess"] = result["http_tok_s"] / result["inprocess_tok_s"]
     result["ttft_inprocess_ms_p50"] = 1000 * statistics.median(engine_ttfts)
     result["ttft_http_ms_p50"] = 1000 * statistics.median(http_ttfts)

@@ -19,13 +19,14 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+
+from stallfree.loadgen.targets.server_process import ServerProcess, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak.json"
 HISTORY_GAUGE = "stallfree:batch_history_records"
@@ -51,15 +52,11 @@ class Soak:
             self.errors.append((t, f"{status} {detail}".strip()))
 
 
-def start_server(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    exe = Path(sys.executable).with_name("stallfree-serve")
-    cmd = [str(exe), f"model={model}", "port=0", "log_level=error", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("stallfree-serve ready: "):
-        proc.kill()
-        raise RuntimeError(f"stallfree-serve did not start: {line!r}")
-    return proc, line.split()[2]
+def start_server(model: str, extra: list[str], log: Path) -> ServerProcess:
+    port = free_port()
+    cmd = [str(Path(sys.executable).with_name("stallfree-serve")), f"model={model}", f"port={port}",
+           "log_level=error", *extra]
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}", log).start()
 
 
 def rss_mib(pid: int) -> float:
@@ -245,12 +242,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("overrides", nargs="*", help="extra stallfree-serve overrides (key=value)")
     args = parser.parse_args()
-    proc, url = start_server(args.model, args.overrides)
-    try:
-        soak = asyncio.run(soak_run(url, proc.pid, args))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with start_server(args.model, args.overrides, args.out.with_suffix(".server.log")) as server:
+        soak = asyncio.run(soak_run(server.url, server.pid, args))
     result = summary(soak, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result | {"config": {**vars(args), "out": str(args.out)}}, indent=1))

@@ -40,7 +40,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.lib.server_process import busiest_process, start_server, stop_server
+from benchmarks.lib.process_tree import busiest_process
 from benchmarks.lib.vllm_client import (
     ABORTED,
     finish_vllm_client,
@@ -55,6 +55,7 @@ from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
+from stallfree.loadgen.targets.server_process import ServerProcess
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 TOLERANCE = 0.05
@@ -197,7 +198,7 @@ def measure_point(args: argparse.Namespace, name: str, engine_pid: int, url: str
     return runs
 
 
-def measure_server(args: argparse.Namespace, name: str, proc: subprocess.Popen, url: str, model_dir: Path, work: Path) -> list[dict]:
+def measure_server(args: argparse.Namespace, name: str, proc: ServerProcess, url: str, model_dir: Path, work: Path) -> list[dict]:
     run_open_loop_sync(url, [RequestSpec(f"warm{i}", 0.0, list(range(5, 69)), 8) for i in range(4)],
                        model=args.model, timeout_s=600)
     engine_pid = busiest_process(proc.pid)
@@ -273,11 +274,8 @@ def main() -> None:
     for name in args.servers.split(","):
         command, port = commands[name]
         url = f"http://127.0.0.1:{port}"
-        proc = start_server(command, url, work / f"server-{name}.log")
-        try:
+        with ServerProcess(command, url, work / f"server-{name}.log", startup_timeout_s=1200) as proc:
             runs += measure_server(args, name, proc, url, model_dir, work)
-        finally:
-            stop_server(proc)
     result = {"model": args.model, "dtype": "float32", "num_requests": args.num_requests, "qps": args.qps,
               "arrival": "poisson", "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
               "seed": args.seed, "repeats": args.repeats, "together": args.together, "cpus": os.cpu_count(),

@@ -20,7 +20,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import torch
 
 from benchmarks.engine_throughput import make_prompts, workload_parser, write_result
@@ -29,27 +28,16 @@ from stallfree.engine.device import resolve_dtype
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.loadgen.results.records import RequestRecord
+from stallfree.loadgen.targets.server_process import ServerProcess
 
 
 def start_vllm(peer: str, model_dir: Path, port: int, chunk: int, dtype: str, kv_gib: float,
-               log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(["bash", peer, "serve", str(model_dir), str(port), "--enable-chunked-prefill",
-                             "--max-num-batched-tokens", str(chunk), "--dtype", dtype],
-                            env=os.environ | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}",
-                                              "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-                                              "VLLM_CPU_KVCACHE_SPACE": f"{kv_gib:g}"},
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"vLLM did not become ready; see {log}")
+               log: Path) -> ServerProcess:
+    command = ["bash", peer, "serve", str(model_dir), str(port), "--enable-chunked-prefill",
+               "--max-num-batched-tokens", str(chunk), "--dtype", dtype]
+    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                        "VLLM_CPU_KVCACHE_SPACE": f"{kv_gib:g}"}
+    return ServerProcess(command, f"http://127.0.0.1:{port}", log, env=env).start()
 
 
 def latency(rows: list[RequestRecord]) -> dict:
@@ -130,10 +118,9 @@ def main() -> None:
                                               args.max_tokens, idle=ours))
             print(result["rounds"][-2:], flush=True)
     finally:
-        for proc in (ours, peer):
-            if proc is not None:
-                proc.terminate()
-                proc.wait(60)
+        for server in (ours, peer):
+            if server is not None:
+                server.stop(60)
     for server in ("stallfree", "vllm"):  # medians over the rounds
         mine = [r for r in result["rounds"] if r["server"] == server]
         for key in ("tok_s", "median_ttft_ms", "median_itl_ms", "p99_itl_ms"):

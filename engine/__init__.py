@@ -14,7 +14,7 @@ _EXPORTS = {
     "SchedulerConfig": "stallfree.engine.config",
     "SamplingParams": "stallfree.engine.request", "RequestMetrics": "stallfree.engine.request", "RequestStatus": "stallfree.engine.request",
     "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.outputs",
-    "TokenLogprob": "stallfree.engine.outputs",
+    "TokenLogprob": "stallfree.engine.request",
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
     "CostModel": "stallfree.engine.runner.cost_model", "IterationFeatures": "stallfree.engine.runner.cost_model",
     "profile_cost_model": "stallfree.engine.runner.profile", "check_speed": "stallfree.engine.runner.speed_check",
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from stallfree.engine.engine import LLMEngine
     from stallfree.engine.llm import LLM
     from stallfree.engine.model.presets import resolve_model_path
-    from stallfree.engine.outputs import BatchRecord, RequestOutput, TokenLogprob
-    from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams
+    from stallfree.engine.outputs import BatchRecord, RequestOutput
+    from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams, TokenLogprob
     from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
     from stallfree.engine.runner.profile import profile_cost_model
     from stallfree.engine.runner.speed_check import check_speed

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,8 +13,8 @@ from stallfree.engine.device import resolve_device, resolve_dtype
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.engine.outputs import BatchRecord, RequestOutput, TokenLogprob
-from stallfree.engine.request import Request, RequestStatus, SamplingParams
+from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner
@@ -22,7 +23,10 @@ from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
-from stallfree.engine.utilization import make_meter
+from stallfree.engine.utilization import OperatorSplit, make_meter
+
+if TYPE_CHECKING:
+    from stallfree.engine.simulator.pipeline import MicroBatchTiming
 
 DEFAULT_MAX_MODEL_LEN = 4096
 MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
@@ -72,7 +76,7 @@ class LLMEngine:
             num_blocks = num_blocks or self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
-        self.scheduler.snapshot_block_tables = getattr(self.runner, "reads_block_tables", True)
+        self.scheduler.snapshot_block_tables = self.runner.reads_block_tables
         self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
@@ -130,8 +134,7 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
-        if (params.logprobs is not None or params.prompt_logprobs is not None) and \
-                not hasattr(self.runner, "take_logprobs"):
+        if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.runner.computes_logits:
             raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
         vocab = self.vocab_size
         if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
@@ -146,7 +149,8 @@ class LLMEngine:
                           self.clock() if arrival_time is None else arrival_time, self.max_model_len)
         needed = blocks_for(request.max_num_tokens, self.kv.block_size)
         if needed > self.kv.num_blocks - self.kv.watermark_blocks:
-            budget = "cache.gpu_memory_utilization" if self.device.type == "cuda" else "cache.kv_memory_gib"
+            budget = ("LLM(gpu_memory_utilization=...)" if self.device.type == "cuda"
+                      else "model.kv_memory_gib (LLM(kv_memory_gib=...))")
             raise ValueError(f"request needs {needed} KV blocks but the cache has {self.kv.num_blocks}; "
                              f"raise {budget} or lower max_tokens")
         self.scheduler.add_request(request)
@@ -163,7 +167,7 @@ class LLMEngine:
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
         """One iteration: schedule, run, update. Returns an output for every request that got a token, or with
         ``finished_only`` for those that finished (a replay that reads only final outputs skips one per token)."""
-        if getattr(self.runner, "pipelined", False):
+        if self.simulation is not None:  # a deployment's pipeline: micro-batches in flight
             return self._step_pipelined(finished_only)
         start = self.clock()
         scheduler_output = self.scheduler.schedule(start)
@@ -172,19 +176,19 @@ class LLMEngine:
                 self.clock.idle_until(arrival)
             return []
         try:
-            sampled = self.runner.execute_model(scheduler_output)
+            result = self.runner.execute_model(scheduler_output)
             failed: list[RequestOutput] = []
         except Exception as exc:  # end only the requests it failed on; the others keep their tokens
             logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
-            sampled, errors = execute_isolating(self.runner, scheduler_output, exc)
+            result, errors = execute_isolating(self.runner, scheduler_output, exc)
             scheduler_output, failed = self._fail_requests(scheduler_output, errors)
         end = self.clock()
-        sample_logprobs = self._keep_prompt_logprobs()
-        updated = self.scheduler.update_from_output(scheduler_output, sampled, end)
+        self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
+        updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, end)
         for request in updated:
             if request.logprobs is not None:
-                request.logprobs.append(sample_logprobs[request.request_id])
-        self._record(scheduler_output, start, end)
+                request.logprobs.append(result.sample_logprobs[request.request_id])
+        self._record(scheduler_output, start, end, cpu_threads=result.cpu_threads, split=result.operator_split)
         return self._outputs(updated, finished_only) + failed
 
     def _step_pipelined(self, finished_only: bool) -> list[RequestOutput]:
@@ -201,7 +205,7 @@ class LLMEngine:
                 scheduler_output = self.scheduler.schedule(now)
                 if scheduler_output.units:
                     timing = runner.submit(scheduler_output, now)
-                    self._record(scheduler_output, now, timing.end_s, timing)
+                    self._record(scheduler_output, now, timing.end_s, timing=timing, split=runner.last_operator_split)
                     self.clock.advance_to(runner.next_start_s())
                     return outputs
             if (end := runner.next_end_s()) is not None:
@@ -212,7 +216,8 @@ class LLMEngine:
                 runner.idle_until(arrival)
             return outputs
 
-    def _record(self, out, start: float, end: float, timing=None) -> None:
+    def _record(self, out: SchedulerOutput, start: float, end: float, *, cpu_threads: int = 0,
+                split: OperatorSplit | None = None, timing: MicroBatchTiming | None = None) -> None:
         self.batch_records.append(BatchRecord(
             iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
@@ -222,8 +227,7 @@ class LLMEngine:
             num_waiting=self.num_waiting, num_running=self.num_running,
             stage_busy_s=list(timing.stage_busy_s) if timing else [],
             stage_idle_s=list(timing.stage_idle_s) if timing else [],
-            cpu_threads=getattr(self.runner, "last_cpu_threads", 0),
-            **self.utilization.fields(out.units, end - start, getattr(self.runner, "last_operator_split", None))))
+            cpu_threads=cpu_threads, **self.utilization.fields(out.units, end - start, split)))
 
     def reconfigure_scheduler(self, **knobs) -> None:
         """Replace the scheduler, while no request is unfinished, with one built from the scheduler config
@@ -244,16 +248,11 @@ class LLMEngine:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _keep_prompt_logprobs(self) -> dict[str, TokenLogprob]:
-        """Append the step's prompt logprobs to their requests; the sampled tokens' logprobs, by request id."""
-        take = getattr(self.runner, "take_logprobs", None)
-        if take is None:
-            return {}
-        sample_logprobs, prompt_logprobs = take()
+    def _keep_prompt_logprobs(self, prompt_logprobs: dict[str, list[TokenLogprob]]) -> None:
+        """Append the step's prompt logprobs to their requests."""
         for request_id, logprobs in prompt_logprobs.items():
             if (request := self.scheduler.requests.get(request_id)) is not None:  # None: aborted meanwhile
                 request.prompt_logprobs += logprobs
-        return sample_logprobs
 
     def _fail_requests(self, output: SchedulerOutput,
                        errors: dict[str, Exception]) -> tuple[SchedulerOutput, list[RequestOutput]]:

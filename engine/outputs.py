@@ -3,17 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stallfree.engine.request import RequestMetrics
-
-
-@dataclass
-class TokenLogprob:
-    """One token's log-probability under the model's raw distribution at its position (vLLM's Logprob)."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1 + the number of tokens more likely than it
-    top: list[tuple[int, float]]  # the k most likely (token id, logprob), most likely first
+from stallfree.engine.request import RequestMetrics, TokenLogprob
 
 
 @dataclass

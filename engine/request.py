@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from stallfree.engine.request_limits import GREEDY_TEMPERATURE, RANGES, SIZES, InvalidParam, short_repr
 
-if TYPE_CHECKING:
-    from stallfree.engine.outputs import TokenLogprob
+
+@dataclass
+class TokenLogprob:
+    """One token's log-probability under the model's raw distribution at its position (vLLM's Logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 + the number of tokens more likely than it
+    top: list[tuple[int, float]]  # the k most likely (token id, logprob), most likely first
 
 
 @dataclass

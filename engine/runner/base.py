@@ -3,10 +3,16 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import SchedulerOutput
 
 
 class Runner(Protocol):
-    def execute_model(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        """Run one iteration; return the sampled token id of every unit that samples, by request id."""
+    # Whether the runner reads the units' block tables (else the scheduler need not copy them into its snapshots).
+    reads_block_tables: bool
+    # Whether the runner computes logits, so that requests may ask for logprobs.
+    computes_logits: bool
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one iteration: the sampled tokens of the units that sample, and what the iteration measured."""
         ...

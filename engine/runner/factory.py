@@ -22,6 +22,7 @@ from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.kv_sizing import Baseline, CudaMemoryProbe
 from stallfree.engine.runner.model_runner import ModelRunner
 from stallfree.engine.runner.simulated import SimulatedRunner
+from stallfree.engine.scheduler import SCHEDULERS
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def max_tokens_per_iteration(config: EngineConfig) -> int:
     """The most tokens one iteration of the policy holds (``orca`` and ``faster_transformer`` admit whole
     prompts with no token budget: for them, as for ``vllm``, ``max_num_batched_tokens``)."""
     sc = config.scheduler
-    return sc.chunk_size if sc.policy in ("sarathi", "chunked_prefill") else sc.max_num_batched_tokens
+    return sc.chunk_size if SCHEDULERS[sc.policy].chunked else sc.max_num_batched_tokens
 
 
 def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model_len: int, num_blocks: int | None,

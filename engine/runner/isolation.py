@@ -16,14 +16,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stallfree.engine.runner.base import Runner
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 
 def execute_isolating(runner: Runner, output: SchedulerOutput,
-                      error: Exception) -> tuple[dict[str, int], dict[str, Exception]]:
-    """``runner.execute_model(output)`` raised ``error``: the tokens the healthy units sampled, and the
+                      error: Exception) -> tuple[ModelRunnerOutput, dict[str, Exception]]:
+    """``runner.execute_model(output)`` raised ``error``: what the healthy units' runs returned, and the
     exception of each request whose unit failed on its own."""
-    sampled: dict[str, int] = {}
+    sampled = ModelRunnerOutput({})
     failed: dict[str, Exception] = {}
     pending: list[tuple[list[ScheduledUnit], Exception]] = [(output.units, error)]
     while pending:
@@ -34,7 +35,7 @@ def execute_isolating(runner: Runner, output: SchedulerOutput,
         middle = len(units) // 2
         for half in (units[:middle], units[middle:]):  # each keeps the decodes-first order
             try:
-                sampled |= runner.execute_model(replace(output, units=half))
+                sampled.merge(runner.execute_model(replace(output, units=half)))
             except Exception as exc:
                 pending.append((half, exc))
     return sampled, failed

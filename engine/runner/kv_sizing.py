@@ -34,15 +34,15 @@ def kv_cache_bytes(profile: MemoryProfile, utilization: float) -> int:
     """The KV cache's share of ``utilization`` x total memory; a ValueError naming the setting when the
     GPU has less free than that or nothing is left for the cache."""
     if not 0 < utilization <= 1:
-        raise ValueError(f"cache.gpu_memory_utilization must be in (0, 1], got {utilization}")
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
     requested = profile.total * utilization
     if profile.free_at_start < requested:
-        raise ValueError(f"cache.gpu_memory_utilization={utilization} asks for {requested / GIB:.1f} GiB of the "
+        raise ValueError(f"gpu_memory_utilization={utilization} asks for {requested / GIB:.1f} GiB of the "
                          f"GPU's {profile.total / GIB:.1f} GiB, but only {profile.free_at_start / GIB:.1f} GiB was "
                          "free at startup (other processes use the rest): lower it or free the GPU")
     taken = profile.weights_and_activations + profile.non_torch + profile.graphs
     if taken >= requested:
-        raise ValueError(f"cache.gpu_memory_utilization={utilization} ({requested / GIB:.1f} GiB) leaves nothing for "
+        raise ValueError(f"gpu_memory_utilization={utilization} ({requested / GIB:.1f} GiB) leaves nothing for "
                          f"the KV cache: weights, activations and CUDA graphs take {taken / GIB:.1f} GiB; raise it "
                          "or lower scheduler.max_num_batched_tokens / max_num_seqs")
     return int(requested - taken)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from stallfree.engine.outputs import TokenLogprob
+from stallfree.engine.request import TokenLogprob
 from stallfree.engine.scheduler.output import ScheduledUnit
 
 

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from stallfree.engine.model.llama import LlamaForCausalLM
-from stallfree.engine.outputs import TokenLogprob
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.runner.cpu_threads import CpuThreads
@@ -24,20 +23,24 @@ from stallfree.engine.runner.kv_sizing import (
     measure,
 )
 from stallfree.engine.runner.logprobs import PromptRows, prompt_rows, split_prompt_logprobs, token_logprobs
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.runner.sampler import sample
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
-from stallfree.engine.utilization import OperatorSplit, SplitSampler
+from stallfree.engine.utilization import SplitSampler
 
 log = logging.getLogger(__name__)
 WARM_UP_PARAMS = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 class ModelRunner:
+    reads_block_tables = True
+    computes_logits = True
+
     """``cuda_graphs``: replay decode-only steps from CUDA graphs (CUDA with a graph-safe attention backend
     only; ``max_num_seqs`` sizes the largest one; ``new_graph`` replaces CUDA graphs, for tests on CPU).
-    ``op_split_every``: time the linear layers and attention of every Nth iteration (``last_operator_split``;
-    0: never). ``cpu_threads``: set the thread count before each iteration to the cores other processes leave
-    free (``last_cpu_threads``: what the last iteration ran with).
+    ``op_split_every``: time the linear layers and attention of every Nth iteration (its output's
+    ``operator_split``; 0: never). ``cpu_threads``: set the thread count before each iteration to the cores other
+    processes leave free.
 
     ``num_blocks=None``: size the KV cache from measured device memory (``engine/runner/kv_sizing.py``), with
     ``memory`` = the probe and its baseline taken before the weights were loaded, after a warm-up pass of
@@ -68,12 +71,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}  # requests with their own sampling seed
         self.decode_graphs = None
         self.split_sampler = SplitSampler(model, device, op_split_every)
-        self.last_operator_split: OperatorSplit | None = None  # of the last iteration, when it was sampled
         self.cpu_threads = cpu_threads
-        self.last_cpu_threads = torch.get_num_threads() if device.type == "cpu" else 0
-        # Logprobs of the requests that ask, until the engine takes them (take_logprobs).
-        self.sample_logprobs: dict[str, TokenLogprob] = {}
-        self.prompt_logprobs: dict[str, list[TokenLogprob]] = {}
         if use_graphs:
             self.decode_graphs = DecodeGraphs(model, attn_backend, self.kv_caches, max_num_seqs=max_num_seqs,
                                               max_blocks_per_seq=-(-max_model_len // block_size),
@@ -82,13 +80,14 @@ class ModelRunner:
             self.decode_graphs.capture_all()
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        """Run one iteration; return the sampled token for each unit that completes its request's tokens."""
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one iteration; the sampled token of each unit that completes its request's tokens."""
         for request_id in scheduler_output.finished_request_ids:
             self.generators.pop(request_id, None)
         units = scheduler_output.units  # decodes first
-        if self.cpu_threads is not None:
-            self.last_cpu_threads = self.cpu_threads.update()
+        threads = 0
+        if self.device.type == "cpu":
+            threads = self.cpu_threads.update() if self.cpu_threads is not None else torch.get_num_threads()
         host = prepare_host_batch(units, self.block_size)
         rows = prompt_rows(units, host.query_start_loc)
         num_sampling = len(host.logits_indices)
@@ -107,27 +106,24 @@ class ModelRunner:
         sample_logits = logits if rows is None else logits[:num_sampling]
         tokens = sample(sample_logits, [u.sampling_params for u in sampling],
                         [self._generator(u.request_id, u.sampling_params) for u in sampling])
-        self._keep_logprobs(logits, num_sampling, sampling, tokens, rows)
-        self.last_operator_split = None if split is None else split.finish()
-        return {u.request_id: t for u, t in zip(sampling, tokens.tolist(), strict=True)}  # one device->host copy
+        output = ModelRunnerOutput(  # tolist: one device->host copy
+            {u.request_id: t for u, t in zip(sampling, tokens.tolist(), strict=True)}, cpu_threads=threads,
+            operator_split=None if split is None else split.finish())
+        self._add_logprobs(output, logits, num_sampling, sampling, tokens, rows)
+        return output
 
-    def _keep_logprobs(self, logits: torch.Tensor, num_sampling: int, sampling: list[ScheduledUnit],
-                       tokens: torch.Tensor, rows: PromptRows | None) -> None:
+    @staticmethod
+    def _add_logprobs(output: ModelRunnerOutput, logits: torch.Tensor, num_sampling: int,
+                      sampling: list[ScheduledUnit], tokens: torch.Tensor, rows: PromptRows | None) -> None:
+        """The logprobs the iteration's requests ask for, into ``output``."""
         asking = [i for i, u in enumerate(sampling) if u.sampling_params.logprobs is not None]
         if asking:
             index = torch.tensor(asking, device=logits.device)
             found = token_logprobs(logits[index], tokens[index], [sampling[i].sampling_params.logprobs for i in asking])
-            self.sample_logprobs |= {sampling[i].request_id: lp for i, lp in zip(asking, found, strict=True)}
+            output.sample_logprobs = {sampling[i].request_id: lp for i, lp in zip(asking, found, strict=True)}
         if rows is not None:
             targets = torch.tensor(rows.targets, device=logits.device)
-            self.prompt_logprobs |= split_prompt_logprobs(rows, token_logprobs(logits[num_sampling:], targets, rows.ks))
-
-    def take_logprobs(self) -> tuple[dict[str, TokenLogprob], dict[str, list[TokenLogprob]]]:
-        """The logprobs computed since the last call: of sampled tokens, and of prompt tokens (each
-        request's next rows), by request id."""
-        taken = self.sample_logprobs, self.prompt_logprobs
-        self.sample_logprobs, self.prompt_logprobs = {}, {}
-        return taken
+            output.prompt_logprobs = split_prompt_logprobs(rows, token_logprobs(logits[num_sampling:], targets, rows.ks))
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:
@@ -165,7 +161,7 @@ class ModelRunner:
                  utilization, profile.total / GIB, profile.weights_and_activations / GIB, profile.non_torch / GIB,
                  profile.graphs / GIB)
         if num_blocks < 1:
-            raise ValueError(f"cache.gpu_memory_utilization={utilization} leaves room for no KV block; raise it")
+            raise ValueError(f"gpu_memory_utilization={utilization} leaves room for no KV block; raise it")
         return num_blocks
 
     @torch.inference_mode()

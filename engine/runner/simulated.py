@@ -12,11 +12,14 @@ import time
 
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import SchedulerOutput
 
 
 class SimulatedRunner:
-    reads_block_tables = False  # the scheduler need not copy them into its snapshots
+    reads_block_tables = False
+    computes_logits = False
+
     def __init__(self, cost_model: CostModel, vocab_size: int, eos_token_ids: set[int], clock: VirtualClock | None,
                  seed: int):
         self.cost_model, self.clock = cost_model, clock
@@ -24,7 +27,7 @@ class SimulatedRunner:
         self.token_ids = [t for t in range(vocab_size) if t not in eos_token_ids]
         self.rng = random.Random(seed)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         out = scheduler_output
         seconds = self.cost_model.sample(IterationFeatures.of(out), self.rng)
         if self.clock is None:
@@ -32,4 +35,4 @@ class SimulatedRunner:
         else:
             self.clock.advance_to(self.clock() + seconds)
         token_ids, randrange = self.token_ids, self.rng.randrange
-        return {u.request_id: token_ids[randrange(len(token_ids))] for u in out.units if u.samples}
+        return ModelRunnerOutput({u.request_id: token_ids[randrange(len(token_ids))] for u in out.units if u.samples})

@@ -9,8 +9,8 @@ from stallfree.engine.config import EngineConfig
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.simulator.deployment import Deployment
+from stallfree.engine.simulator.deployment_runner import DeploymentRunner
 from stallfree.engine.simulator.memory_plan import MemoryPlan, plan_memory
-from stallfree.engine.simulator.runner import DeploymentRunner
 
 DEFAULT_MAX_MODEL_LEN = 8192
 

@@ -34,9 +34,6 @@ class MemoryPlan:
     kv_bytes_per_block: int  # on the most loaded GPU
     num_blocks: int
 
-    def as_dict(self) -> dict:
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in vars(self).items()}
-
 
 def activation_reserve_gib(deployment: Deployment, shape) -> float:
     """The estimated activation memory per GPU (see PROFILE_TOKENS) when the deployment sets none."""

@@ -5,7 +5,8 @@ A job builds the workload from its config, replays it on the target (conf/target
 LLMEngine in this process; ``http``, a ``stallfree-serve`` it starts; ``url``, a running server;
 ``locust``, a headless Locust run) and writes ``<results_dir>/<experiment_name>/<run_id>/``
 (loadgen.sweep.point). ``mode=capacity`` runs a capacity search instead (loadgen.sweep.capacity_search), each of its
-points such a run.
+points such a run; ``mode=compare`` (``+experiment=compare``) a contender's QPS points and then its capacity
+search (loadgen.sweep.compare).
 
 Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
 server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job. Every run
@@ -21,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from stallfree.loadgen.sweep.capacity_search import run_search
+from stallfree.loadgen.sweep.compare import run_compare
 from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import run_repeats
@@ -44,6 +46,8 @@ def _app(cfg: DictConfig) -> None:
         bench = check(cfg)  # the only use of the raw config: from here on, typed (loadgen.sweep.bench_schema)
         if bench.mode == "capacity":
             run_search(bench, _targets)
+        elif bench.mode == "compare":  # engines side by side (+experiment=compare)
+            run_compare(bench, _targets)
         elif bench.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
             from stallfree.loadgen.studies import (
                 run_study,  # torch: only once a study runs (--help stays fast)

@@ -27,7 +27,7 @@ from stallfree.engine.hydra_groups import (
     typed,
 )
 
-MODES = ("run", "capacity", "study")
+MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
 G = TypeVar("G")
 
@@ -186,6 +186,20 @@ class CapacityGroup:
 
 
 @dataclass
+class CompareGroup:
+    """mode=compare (conf/experiment/compare.yaml): the job's contender (conf/contender/) and the QPS points
+    it measures before its capacity search (loadgen.sweep.compare)."""
+
+    qps: list[float]
+    contender: str  # its file name, set by the contender's config
+    vllm_url: str | None = None  # the vllm_url contender's server
+
+    def __post_init__(self) -> None:
+        require(bool(self.qps) and all(is_number(q) and q > 0 for q in self.qps), "compare.qps",
+                "a non-empty list of numbers > 0", self.qps)
+
+
+@dataclass
 class BenchConfig:
     """conf/bench.yaml, checked (see the module docstring)."""
 
@@ -209,12 +223,15 @@ class BenchConfig:
     min_engine_cpu_share: float
     rerun: str
     study: dict[str, Any] | None = None  # mode=study (loadgen.studies.catalog checks it)
+    compare: CompareGroup | None = None  # mode=compare
     composed: dict[str, Any] = field(default_factory=dict)  # the composed config (see the module docstring)
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.workload.request_specs import is_text_workload
 
         require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
+        require(self.mode != "compare" or self.compare is not None, "mode",
+                "'compare' only with +experiment=compare (it sets compare.qps)", self.mode)
         require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
         _positive("qps", self.qps)
         for key in ("chunk_size", "num_requests", "repeats"):
@@ -228,11 +245,11 @@ class BenchConfig:
         require(self.target.endpoint != "chat" or is_text_workload(self.workload.lengths), "target.endpoint",
                 "completions for a workload of token ids (chat needs a text workload: sharegpt, jsonl, sonnet)",
                 self.target.endpoint)
-        if self.mode == "capacity":
+        if self.mode in ("capacity", "compare"):  # both search a capacity
             require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
-                    "mode=capacity", self.arrival.kind)
+                    f"mode={self.mode}", self.arrival.kind)
             require(self.num_requests <= self.capacity.max_requests, "num_requests",
-                    f"<= capacity.max_requests={self.capacity.max_requests} in mode=capacity", self.num_requests)
+                    f"<= capacity.max_requests={self.capacity.max_requests} in mode={self.mode}", self.num_requests)
 
     @property
     def virtual_time(self) -> bool:

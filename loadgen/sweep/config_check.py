@@ -118,7 +118,7 @@ def validate_cli(argv: Sequence[str]) -> None:
             preset = OmegaConf.select(compose(CONFIG_NAME, _variants(cli)[0] + launcher, return_hydra_config=True),
                                       "hydra.sweeper.params") or {}
             cli_keys = {o.split("=", 1)[0].lstrip("+~") for o in cli}
-            swept = [f"{key}={value}" for key, value in preset.items() if key not in cli_keys]
+            swept = [f"{key}={value}" for key, value in preset.items() if key.lstrip("+~") not in cli_keys]
             for overrides in _variants(cli + swept):
                 check(compose(CONFIG_NAME, overrides))
         except (HydraException, OmegaConfBaseException) as e:

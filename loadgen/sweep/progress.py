@@ -79,7 +79,8 @@ class SweepProgress(Callback):
         self.started = time.time()
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        """A table of the sweep's runs (those of this process: the basic launcher runs them all here)."""
+        """A table of the sweep's runs (those of this process: the basic launcher runs them all here), each
+        once: jobs that differ only in a knob the policy ignores read back the same run."""
         if len(self.summaries) > 1:
             print(f"\nsweep summary ({len(self.summaries)} runs):\n{sweep_table(self.summaries)}", flush=True)
 
@@ -101,8 +102,8 @@ class SweepProgress(Callback):
     def run_ended(self, point: dict, part: RunPart, seconds: float, cached: bool,
                   summary: dict | None = None) -> str:
         """Print and return the run's line. ``point``: what names the run when nothing is swept."""
-        if summary is not None:
-            self.summaries.append(summary)
+        if summary is not None and summary.get("run_id") not in {s.get("run_id") for s in self.summaries}:
+            self.summaries.append(summary)  # a point two jobs share (vllm at two chunk sizes) is one run
         now, done = time.time(), self.job + part.done
         if not cached:
             self.measured = True

@@ -209,6 +209,8 @@ def test_report_has_three_sections(built):
     for title in (report.SECTIONS[name] for name in report.GENERIC_SECTIONS):
         assert f'<h1 id="{title.replace(" ", "-")}">{title}' in html
     assert html.count("data:image/png") >= sum(map(len, FIGURES.values()))
+    assert html.index('<h1 id="Conclusion">') < html.index('<h1 id="Pareto-frontiers">')
+    assert "Lowest with sarathi-256: decode-stall time, P99 TBT" in html  # the stall caption, from its table
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """The report end to end: a short real sweep on `tiny` (stallfree-bench), then every notebook on it."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,11 @@ def test_report_html_has_the_three_sections(swept):
     html = (swept / "report.html").read_text()
     for title in (report.SECTIONS[name] for name in report.GENERIC_SECTIONS):
         assert title in html
+
+
+def test_report_opens_with_a_conclusion_from_the_data(swept):
+    html = (swept / "report.html").read_text()
+    assert html.index('id="Conclusion"') < html.index('id="Pareto-frontiers"')
+    text = (swept / "conclusion.md").read_text()
+    assert "SLO (P99 TBT ≤" in text and "from the sweep's runs (no capacity search ran)" in text
+    assert "Ranking: " in text and not re.search(r"\bnan\b", text, re.IGNORECASE)

@@ -81,13 +81,13 @@ def test_graph_replays_match_eager_steps_and_padding_writes_only_the_scratch_blo
     steps = []
     for runner in (eager, graphed):
         sampled = runner.execute_model(SchedulerOutput([
-            ScheduledUnit(r, p, 0, True, True, tables[r], GREEDY) for r, p in prompts.items()]))
+            ScheduledUnit(r, p, 0, True, True, tables[r], GREEDY) for r, p in prompts.items()])).sampled_token_ids
         tokens = {r: [*p, sampled[r]] for r, p in prompts.items()}
         # Decode-only steps of 4, 3 (after "d" finishes: a padded row that held "d" before), 4 and 1
         # sequences; "d" returns with its old row content gone.
         for batch in (["a", "b", "c", "d"], ["a", "b", "c"], ["a", "b", "c", "d"], ["b"]):
             units = [decode(r, tokens[r][-1], len(tokens[r]) - 1, tables[r]) for r in batch]
-            for r, t in runner.execute_model(SchedulerOutput(units)).items():
+            for r, t in runner.execute_model(SchedulerOutput(units)).sampled_token_ids.items():
                 tokens[r].append(t)
         steps.append(tokens)
     assert steps[0] == steps[1]
@@ -101,7 +101,7 @@ def test_graph_replays_match_eager_steps_and_padding_writes_only_the_scratch_blo
 def test_a_step_wider_than_the_graphs_runs_eagerly(tiny):
     runner = make_runner(tiny, graphs=True)
     units = [decode(f"r{i}", 5, 3, [i]) for i in range(7)]  # 7 sequences > max_num_seqs=6
-    assert len(runner.execute_model(SchedulerOutput(units))) == 7
+    assert len(runner.execute_model(SchedulerOutput(units)).sampled_token_ids) == 7
     assert not runner.decode_graphs.replays
 
 

@@ -10,6 +10,7 @@ import pytest
 from stallfree.engine import LLM, LLMEngine, SamplingParams
 from stallfree.engine.request_limits import INT64_MAX, INT64_MIN, RANGES
 from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from tests.helpers.engine import make_prompts
 from tests.helpers.fakes.poisoned_runner import POISON_SEED, PoisonedRunner
@@ -138,6 +139,8 @@ def test_a_fault_that_is_no_requests_fails_them_all_and_the_engine_goes_on(engin
     good, clean = workload
 
     class Broken:
+        reads_block_tables, computes_logits = True, True
+
         def execute_model(self, output):
             raise RuntimeError("device lost")
 
@@ -157,11 +160,11 @@ def test_bisection_finds_exactly_the_failing_units_in_few_runs():
             calls.append(len(output.units))
             if found := sorted(bad & {u.request_id for u in output.units}):
                 raise ValueError("bad: " + ",".join(found))
-            return {u.request_id: 7 for u in output.units}
+            return ModelRunnerOutput({u.request_id: 7 for u in output.units})
 
     sampled, failed = execute_isolating(Runner(), SchedulerOutput(units), ValueError("first"))
     assert set(failed) == bad and str(failed["r5"]) == "bad: r5" and str(failed["r40"]) == "bad: r40"
-    assert sampled == {f"r{i}": 7 for i in range(64) if f"r{i}" not in bad}
+    assert sampled.sampled_token_ids == {f"r{i}": 7 for i in range(64) if f"r{i}" not in bad}
     assert len(calls) <= 2 * len(bad) * 6  # 2 k log2(n)
 
 

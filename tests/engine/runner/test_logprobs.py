@@ -74,11 +74,13 @@ def test_sampled_logprobs_are_the_raw_distribution_not_the_tempered_one(tiny_pat
 def test_nothing_is_computed_for_requests_that_do_not_ask(tiny_path):
     """The LM head sees one row per sampling request unless prompt logprobs are asked for."""
     engine = LLMEngine.from_kwargs(model=str(tiny_path), dtype="float32", scheduler="sarathi", chunk_size=8)
-    rows = []
+    rows, results = [], []
     engine.runner.model.lm_head.register_forward_hook(lambda mod, args, out: rows.append(out.shape[0]))
+    execute = engine.runner.execute_model
+    engine.runner.execute_model = lambda output: results.append(execute(output)) or results[-1]
     prompts = make_prompts(4, seed=1, max_len=30)[2:]
     run(engine, prompts, [SamplingParams(max_tokens=2, ignore_eos=True)] * 2)
-    assert max(rows) <= 2 and not engine.runner.take_logprobs()[0]
+    assert max(rows) <= 2 and not any(r.sample_logprobs or r.prompt_logprobs for r in results)
     rows.clear()
     run(engine, prompts[:1], [SamplingParams(max_tokens=2, ignore_eos=True, prompt_logprobs=0)])
     assert sum(rows) == len(prompts[0]) - 1 + 2  # every prompt position but the last, and two samples

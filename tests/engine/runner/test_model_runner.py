@@ -43,12 +43,12 @@ def test_model_runner_prefill_chunks_then_decode_match_hf(model_runner, hf_model
     a, b = list(range(5, 25)), list(range(100, 107))  # a: 20 tokens in two chunks; b: 7 tokens at once
     tables = {"a": [3, 7, 1], "b": [0, 9]}  # scattered blocks: the runner must follow the tables
     first = SchedulerOutput([unit("a", a[:12], 0, tables["a"], samples=False), unit("b", b, 0, tables["b"])])
-    sampled = model_runner.execute_model(first)
+    sampled = model_runner.execute_model(first).sampled_token_ids
     assert sampled == {"b": hf_next_token(hf_model, b)}  # a partial chunk samples nothing
 
     second = SchedulerOutput([unit("b", [sampled["b"]], len(b), tables["b"], is_prefill=False),
                               unit("a", a[12:], 12, tables["a"])])
-    sampled_2 = model_runner.execute_model(second)
+    sampled_2 = model_runner.execute_model(second).sampled_token_ids
     assert sampled_2 == {"a": hf_next_token(hf_model, a), "b": hf_next_token(hf_model, [*b, sampled["b"]])}
 
 
@@ -59,6 +59,6 @@ def test_simulated_runner_charges_the_cost_model_and_samples_only_sampling_units
     runner = SimulatedRunner(cost, vocab_size=50, eos_token_ids={2}, clock=clock, seed=0)
     output = SchedulerOutput([unit("d", [7], 30, [0, 1, 2, 3], is_prefill=False),
                               unit("p", list(range(40)), 0, [4, 5, 6, 7, 8], samples=False)])
-    sampled = runner.execute_model(output)
+    sampled = runner.execute_model(output).sampled_token_ids
     assert set(sampled) == {"d"} and sampled["d"] != 2 and 0 <= sampled["d"] < 50
     assert clock() == pytest.approx(100.0 + 0.01 + 40 * 0.001 + 1 * 0.002 + 31 * 1e-5)

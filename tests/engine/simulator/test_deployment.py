@@ -5,7 +5,7 @@ from stallfree.engine.hydra_groups import ConfigError, compose
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.simulator.deployment import Deployment
-from stallfree.engine.simulator.runner import DeploymentRunner
+from stallfree.engine.simulator.deployment_runner import DeploymentRunner
 from tests.helpers.fakes import operator_cost_model as fake
 from tests.helpers.fakes.operator_cost_model import FakeShape, fake_resolved
 

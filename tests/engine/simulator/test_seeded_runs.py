@@ -3,7 +3,8 @@ tokens and metrics, and every BatchRecord's scheduling and timing fields (a spee
 real schedulers and KV accounting decide, nor the times the cost models give). The digests were taken before
 the simulator was made faster (3dc012e) and held after it; pp2-orca's was taken again when messages past the
 largest profiled all-reduce began to take its bandwidth (engine/simulator/ops/comm.py): orca's whole-prompt
-batches send such messages."""
+batches send such messages. Floats are digested to 10 significant digits (``rounded``), so that the pins hold on
+CPUs whose vectorised math differs in the last bits."""
 import dataclasses
 import hashlib
 import json
@@ -25,12 +26,12 @@ CASES = {  # model preset, scheduler, chunk size, workload, QPS, KV blocks (None
     "fitted-cost-model": ("mistral7b_sim", "chunked_prefill", 256, "arxiv", 4.0, None),
 }
 DIGESTS = {
-    "a100-hybrid-preempting": {"engine": "35c2ab5c4e27f55a", "replay": "8a0d409121072f24"},
-    "a100-sarathi": {"engine": "b5a9faa6e085e84e", "replay": "09a31269a8639882"},
-    "a100-vllm-preempting": {"engine": "68ec0fede8ab0e3f", "replay": "50606619c511cc8c"},
-    "fitted-cost-model": {"engine": "2b9f4433c07819ee", "replay": "7763dce775e949e5"},
-    "pp2-orca": {"engine": "4b54fdb590211691", "replay": "2f63e9d25dce9802"},
-    "pp2-sarathi-preempting": {"engine": "e6be56f6b1d29088", "replay": "7f26c1cc692a04f5"},
+    "a100-hybrid-preempting": {"engine": "5c1c0b6beac454b0", "replay": "35b53ad67cd1428b"},
+    "a100-sarathi": {"engine": "4c5c783d580f75a3", "replay": "19fdf7af15b312d8"},
+    "a100-vllm-preempting": {"engine": "484116c48628120f", "replay": "5355e81d4614b6a4"},
+    "fitted-cost-model": {"engine": "f5451fef8991f7df", "replay": "ebe9d7e61167cc23"},
+    "pp2-orca": {"engine": "56ac3278c9750056", "replay": "b2db12d4839ff046"},
+    "pp2-sarathi-preempting": {"engine": "1e4141f4e6aefaff", "replay": "eb11f7e036177227"},
 }
 
 
@@ -60,8 +61,20 @@ def pick(row: dict, names: tuple[str, ...]) -> dict:
     return {name: row[name] for name in names}
 
 
+def rounded(value):
+    """``value`` with every float to 10 significant digits: numpy's vectorised exp / log differ in the last bits
+    between CPUs (AVX-512 and AVX2 code paths), and a digest must change with the simulation, not the machine."""
+    if isinstance(value, float):
+        return float(f"{value:.10g}")
+    if isinstance(value, dict):
+        return {key: rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(item) for item in value]
+    return value
+
+
 def digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(rounded(value), sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
 
 def run_engine(case: str) -> dict:

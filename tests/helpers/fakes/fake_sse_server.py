@@ -7,8 +7,8 @@ share a core or the GIL with the load generator under test:
 
     python tests/helpers/fakes/fake_sse_server.py --ttft-ms 20 --tbt-ms 5     # prints "PORT <n>", serves 127.0.0.1
 
-``GET /v1/models`` lists one model, ``fake``. ``"model": "fake-status-<code>"`` in a request makes it answer
-with that HTTP error instead.
+``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
+``GET /v1/models`` lists one model, ``FAKE_MODEL``.
 ``--max-concurrency N`` serves at most N requests at a time: the others queue (first come, first served)
 and their schedule starts when they get a slot, so a load above N / (request time) makes it fall behind.
 """
@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 
 ERROR_MODEL_PREFIX = "fake-status-"
-MODEL_ID = "fake"  # the one model GET /v1/models lists
+FAKE_MODEL = "fake"
 # asyncio rounds epoll timeouts up to whole milliseconds, so a timer fires 0-1 ms late; aiming half a
 # millisecond early centres the token times on their schedule.
 TIMER_ROUNDING_S = 0.0005
@@ -65,9 +65,8 @@ async def _stream_scheduled(writer: asyncio.StreamWriter, request: dict, ttft_s:
 
 
 def _models_response() -> bytes:
-    body = json.dumps({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]}).encode()
-    return (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+    body = json.dumps({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]}).encode()
+    return f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
 
 
 def _error_response(status: int) -> bytes:
@@ -85,7 +84,7 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                            if line.startswith("content-length:")), 0)
             request = json.loads(await reader.readexactly(length)) if length else {}
             model = request.get("model", "")
-            if head.startswith("get /v1/models"):
+            if head.startswith("get /v1/models "):
                 writer.write(_models_response())
             elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))

@@ -9,6 +9,7 @@ step has written the KV cache of every request in it, as a fault in the sampler 
 """
 from __future__ import annotations
 
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
 POISON_SEED = 666_666
@@ -29,7 +30,7 @@ class PoisonedRunner:
             return unit.request_id in self.request_ids
         return unit.sampling_params.seed == self.seed and unit.num_computed_tokens >= self.after_tokens
 
-    def execute_model(self, output: SchedulerOutput) -> dict[str, int]:
+    def execute_model(self, output: SchedulerOutput) -> ModelRunnerOutput:
         self.calls += 1
         sampled = self.inner.execute_model(output)
         for unit in output.units:

@@ -115,3 +115,18 @@ def test_result_block_and_sweep_table_in_vllm_bench_serve_terms():
     table = sweep_table([summary, {**summary, "scheduler": "vllm", "chunk_size": None, "disturbed": True}]).splitlines()
     assert table[0].split()[:3] == ["policy", "chunk", "qps"] and len(table) == 3
     assert table[2].split()[:2] == ["vllm", "-"] and table[2].endswith("disturbed")
+
+
+def test_sweep_table_lists_a_run_that_two_jobs_share_once(clock, capsys):
+    """vllm ignores chunk_size: its jobs at chunk_size=128 and 256 measure one run, then read it back."""
+    tracker = SweepProgress(total=4, swept=("scheduler", "chunk_size"), started=clock.now)
+    base = {"completed": 8, "failed": 0, "qps": 1.0}
+    runs = [("vllm", None, "vllm-1", False), ("vllm", None, "vllm-1", True),
+            ("sarathi", 128, "sarathi-128-1", False), ("sarathi", 256, "sarathi-256-1", False)]
+    for num, (scheduler, chunk, run_id, cached) in enumerate(runs):
+        start_job(tracker, num, [f"scheduler={scheduler}", f"chunk_size={chunk or 128 + 128 * num}"])
+        tracker.run_ended({}, RunPart(), 1.0, cached=cached,
+                          summary={**base, "scheduler": scheduler, "chunk_size": chunk, "run_id": run_id})
+    tracker.on_multirun_end(OmegaConf.create({}))
+    table = capsys.readouterr().out.split("sweep summary (3 runs):\n")[1].splitlines()
+    assert [row.split()[0] for row in table[1:]] == ["vllm", "sarathi", "sarathi"]

@@ -7,7 +7,7 @@ import pytest
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.simulator.ops import OperatorCostModel, StageBatch
-from stallfree.engine.simulator.ops.model import TABLE_TOKENS
+from stallfree.engine.simulator.ops.operator_costs import TABLE_TOKENS
 from stallfree.engine.simulator.shapes import SHAPES
 
 LINEAR = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_down")

@@ -27,8 +27,8 @@ class MicroBatch:
 
 
 class DeploymentRunner:
-    pipelined = True  # the engine submits micro-batches and collects them as they leave the last stage
     reads_block_tables = False  # the scheduler need not copy them into its snapshots
+    computes_logits = False
 
     def __init__(self, deployment: Deployment, resolved: Resolved, seed: int, op_split_every: int = 0):
         self.deployment, self.cost_model, self.stage_batch_of = deployment, resolved.cost_model, resolved.stage_batch_of
