@@ -41,7 +41,7 @@ class UnloadedTtft:
     intercept_ms: float
     per_prompt_token_ms: float
 
-    def at(self, prompt_tokens):
+    def at(self, prompt_tokens: float | pd.Series) -> float | pd.Series:
         return self.intercept_ms + self.per_prompt_token_ms * prompt_tokens
 
 
@@ -156,7 +156,8 @@ def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict
     delay = ok["ttft_ms"] - unloaded.at(ok["prompt_tokens"].astype(float))
     lo, hi = (float(q) for q in sends.quantile(list(STEADY_QUANTILES)))
     in_window = ok["intended_send_time"].between(lo, hi)
-    steady = delay[in_window].to_numpy()[np.argsort(ok.loc[in_window, "intended_send_time"].to_numpy(), kind="stable")]
+    steady = (ok.assign(delay=delay)[in_window].sort_values("intended_send_time", kind="stable")["delay"]
+              .to_numpy())
     third = len(steady) // 3
     out["median_client_scheduling_delay_ms"] = float(np.median(delay))
     if third:
