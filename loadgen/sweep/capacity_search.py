@@ -4,7 +4,8 @@
 From ``capacity.start_qps`` the search doubles (or halves) until it has a passing ``lo`` and a
 failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is a cached run of
 ``stallfree-bench`` (loadgen.sweep.point.run_point) of ``capacity.num_requests(qps)`` requests (long
-enough to be a load test, not a burst), so an interrupted search resumes where it stopped. The SLO and
+enough to be a load test, not a burst; one that fails only for being short for the requests it kept in
+flight is measured again, longer), so an interrupted search resumes where it stopped. The SLO and
 the unloaded TTFT (the baseline of the client-side scheduling delay, loadgen.sweep.unloaded_ttft) are
 resolved once, before the first point, and every point is judged against them.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to

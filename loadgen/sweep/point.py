@@ -81,9 +81,11 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0)
 
 
 def must_rerun(rerun: str, summary: dict) -> bool:
-    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again."""
+    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again. A capacity
+    point without the fields its keep-pace rules judge (measured by an earlier version) always is."""
     disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed"))
-    return rerun == "all" or (rerun == "disturbed" and disturbed)
+    outdated = summary.get("capacity_search") is not None and "completion_ratio" not in summary
+    return outdated or rerun == "all" or (rerun == "disturbed" and disturbed)
 
 
 def _read_summary(plan: RunPlan) -> dict:

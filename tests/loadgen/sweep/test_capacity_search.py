@@ -172,3 +172,11 @@ def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path
     # 4 x 50 in flight = 200 requests: 4 qps measured again with 200; 8 qps (160) with twice as many, capped
     assert sent == [(4.0, 80), (4.0, 200), (8.0, 160), (8.0, 256)]
     assert [p["passed"] for p in record["points"]] == [True, True] and record["capacity_display"].startswith(">= 8")
+
+
+def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again():
+    from stallfree.loadgen.sweep.point import must_rerun
+
+    assert must_rerun("none", {"capacity_search": "strict", "p99_tbt_ms": 10.0})  # an earlier version's point
+    assert not must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0})
+    assert not must_rerun("none", {"capacity_search": None})  # a plain run keeps its summary
