@@ -1,14 +1,18 @@
 """Capacity: the highest QPS meeting a TBT SLO, per policy, chunk size and SLO.
 
-A run *passes* an SLO when `p99_tbt_ms <= slo_tbt_ms` and `median_scheduling_delay_ms <=
-max_scheduling_delay_ms` (2 s by default; a run without a scheduling delay is not held back by it).
-Capacity is the highest passing QPS of a config, 0.0 when no run passes (i.e. below every QPS tried).
+A run *passes* an SLO when `p99_tbt_ms <= slo_tbt_ms`, `median_scheduling_delay_ms <=
+max_scheduling_delay_ms` (2 s by default) and `completion_ratio >= MIN_COMPLETION_RATIO` (the server kept
+pace; a run without one of these fields is not held back by it). Capacity is the highest passing QPS of a
+config, stated with its bound (`capacity_bound`, loadgen.results.capacity_bound): `exact` when a higher QPS
+failed, `lower` when the highest QPS tried passed (shown `>= X`), `upper` when none passed (capacity 0.0,
+shown `< the lowest QPS tried`); `capacity_display` is the text every table and plot shows.
 
 Sources, per experiment, the first that exists wins:
 
 1. `results/<exp>/capacity.json`, written by a capacity search: a JSON list of
    `{"scheduler": str, "chunk_size": int | null, "slo_name": str, "slo_tbt_ms": float,
-   "capacity_qps": float}`.
+   "capacity_qps": float, "capacity_bound": str, "points": [...]}` (a record without `capacity_bound`
+   takes it from `bracketed`, `lo_qps` and `hi_qps`).
 2. Probe runs of a capacity search: runs whose summary has a `capacity_search` field (the SLO name);
    each is checked against its own `slo_tbt_ms`.
 3. A plain sweep: every run is checked against every SLO of `slos`.
@@ -25,14 +29,17 @@ from pathlib import Path
 import pandas as pd
 
 from stallfree.analysis.load import label_configs
+from stallfree.loadgen.results.capacity_bound import EXACT, LOWER, UPPER, capacity_text, search_bound
 
 BASELINE = "vllm"
 STRICT_FACTOR = 5.0
 RELAXED_FACTOR = 25.0
 MAX_SCHEDULING_DELAY_MS = 2000.0
+MIN_COMPLETION_RATIO = 0.9  # conf/bench.yaml capacity.min_completion_ratio
 CONFIG_KEYS = ["experiment", "scheduler", "chunk_size", "chunk", "config"]
 SLO_KEYS = ["slo_name", "slo_tbt_ms", "source"]
-COLUMNS = [*CONFIG_KEYS, *SLO_KEYS, "capacity_qps", "capacity_ci_lo", "capacity_ci_hi", "ratio_to_vllm"]
+COLUMNS = [*CONFIG_KEYS, *SLO_KEYS, "capacity_qps", "capacity_bound", "capacity_display", "capacity_ci_lo",
+           "capacity_ci_hi", "ratio_to_vllm"]
 
 
 def slo_levels(runs: pd.DataFrame, batches: pd.DataFrame | None = None, strict_ms: float | None = None,
@@ -57,10 +64,20 @@ def slo_levels(runs: pd.DataFrame, batches: pd.DataFrame | None = None, strict_m
     return dict(sorted(levels.items(), key=lambda kv: kv[1]))
 
 
+def with_bound(record: dict) -> dict:
+    """A capacity.json record with its bound and display text. Records of earlier versions lack the bound: it
+    follows from ``bracketed`` / ``lo_qps`` / ``hi_qps``, or, for a bare capacity, is taken as exact."""
+    bound = record.get("capacity_bound") or (
+        search_bound(record.get("lo_qps"), record.get("hi_qps")) if "bracketed" in record else EXACT)
+    lowest = min((p["qps"] for p in record.get("points", [])), default=record.get("hi_qps"))
+    return {**record, "capacity_bound": bound,
+            "capacity_display": capacity_text(record["capacity_qps"], bound, lowest)}
+
+
 def load_capacity_json(path: str | Path) -> pd.DataFrame:
     """Rows of every `capacity.json` at `path` or in its experiment subdirs, labelled like runs."""
     path = Path(path)
-    rows = [{"experiment": f.parent.name, **row, "source": "capacity.json"}
+    rows = [with_bound({"experiment": f.parent.name, **row, "source": "capacity.json"})
             for pattern in ("capacity.json", "*/capacity.json") for f in sorted(path.glob(pattern))
             for row in json.loads(f.read_text())]
     if not rows:
@@ -83,26 +100,40 @@ def capacity_from_runs(runs: pd.DataFrame, slos: Mapping[str, float],
     if pairs.empty:
         return pd.DataFrame(columns=COLUMNS[:-1])
     delay = pairs.get("median_scheduling_delay_ms", pd.Series(float("nan"), pairs.index))
-    passes = (pairs["p99_tbt_ms"] <= pairs["slo_tbt_ms"]) & ~(delay > max_scheduling_delay_ms)
-    return (pairs.assign(capacity_qps=pairs["qps"].where(passes, 0.0))
-            .groupby([*CONFIG_KEYS, *SLO_KEYS], sort=False, dropna=False)["capacity_qps"]
-            .max().reset_index())
+    kept_pace = ~(pairs.get("completion_ratio", pd.Series(float("nan"), pairs.index)) < MIN_COMPLETION_RATIO)
+    passes = (pairs["p99_tbt_ms"] <= pairs["slo_tbt_ms"]) & ~(delay > max_scheduling_delay_ms) & kept_pace
+    found = (pairs.assign(passing_qps=pairs["qps"].where(passes))
+             .groupby([*CONFIG_KEYS, *SLO_KEYS], sort=False, dropna=False)
+             .agg(capacity_qps=("passing_qps", "max"), highest=("qps", "max"), lowest=("qps", "min")).reset_index())
+    bound = [UPPER if pd.isna(qps) else LOWER if qps == highest else EXACT
+             for qps, highest in zip(found["capacity_qps"], found["highest"], strict=True)]
+    found = found.assign(capacity_qps=found["capacity_qps"].fillna(0.0), capacity_bound=bound)
+    found["capacity_display"] = [capacity_text(r.capacity_qps, r.capacity_bound, r.lowest)
+                                 for r in found.itertuples()]
+    return found.drop(columns=["highest", "lowest"])
 
 
 def capacity_table(results_dir: str | Path, runs: pd.DataFrame, slos: Mapping[str, float],
                    max_scheduling_delay_ms: float = MAX_SCHEDULING_DELAY_MS) -> pd.DataFrame:
     """Capacity from the best source of each experiment, with `ratio_to_vllm` (capacity / the
-    `vllm` capacity under the same SLO in the same experiment; NaN without a nonzero baseline)."""
+    `vllm` capacity under the same SLO in the same experiment; NaN without a nonzero baseline, and where
+    either capacity is only a bound)."""
     searched = load_capacity_json(results_dir)
     derived = capacity_from_runs(runs[~runs["experiment"].isin(searched["experiment"])], slos,
                                  max_scheduling_delay_ms)
     table = pd.concat([frame for frame in (searched, derived) if not frame.empty] or [searched],
                       ignore_index=True)
-    baseline = (table[table["scheduler"] == BASELINE].groupby(["experiment", "slo_name"])["capacity_qps"]
+    exact = table["capacity_qps"].where(table["capacity_bound"] == EXACT)
+    baseline = (exact[table["scheduler"] == BASELINE].groupby([table["experiment"], table["slo_name"]])
                 .max().rename("baseline"))
     table = table.join(baseline, on=["experiment", "slo_name"])
-    return (table.assign(ratio_to_vllm=table["capacity_qps"] / table["baseline"].where(table["baseline"] > 0))
+    return (table.assign(ratio_to_vllm=exact / table["baseline"].where(table["baseline"] > 0))
             .sort_values(["slo_tbt_ms"], kind="stable").reindex(columns=COLUMNS).reset_index(drop=True))
+
+
+def bar_label(row) -> str:
+    """A capacity bar's label: the number, or the bound on one line and what it is bounded by below."""
+    return row.capacity_display.replace(" (", "\n(")
 
 
 def capacity_note(table: pd.DataFrame) -> str:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from stallfree.analysis.capacity import with_bound
+
 # The paper's headline capacity gains of sarathi (OSDI'24 abstract and Sec. 5): "up to" over its traces and
 # SLOs, by deployment (conf/model) and baseline.
 PAPER_RATIOS = {
@@ -31,7 +33,8 @@ DEPLOYMENTS = ("mistral7b_a100", "yi34b_a100_tp2", "llama2_70b_a40_tp4_pp2", *FA
 POLICIES = ("vllm", "orca", "sarathi")
 ABLATION = ("hybrid", "chunked_prefill", "sarathi")
 KEYS = ["deployment", "trace", "slo", "policy"]
-TABLE_COLUMNS = [*KEYS, "slo_tbt_ms", "chunk_size", "capacity_qps", "bracketed", "lower_bound", "ratio_to_vllm",
+TABLE_COLUMNS = [*KEYS, "slo_tbt_ms", "chunk_size", "capacity_qps", "capacity_display", "bracketed", "lower_bound",
+                 "ratio_to_vllm",
                  "ratio_to_orca", "p99_tbt_ms", "median_ttft_ms", "median_scheduling_delay_ms",
                  "pipeline_bubble_fraction"]
 
@@ -51,10 +54,10 @@ def load_runs(results_dir: str | Path) -> pd.DataFrame:
 
 def capacity_table(results_dir: str | Path) -> pd.DataFrame:
     """One row per deployment x trace x SLO x policy: the capacity (``lower_bound``: the highest QPS tried
-    passed), its ratios to vllm and orca under the same deployment, trace and SLO (none where the baseline's
+    passed; ``capacity_display``: as analysis.capacity states it, a bound as ">= X" / "< X"), its ratios to vllm and orca under the same deployment, trace and SLO (none where the baseline's
     capacity is itself a lower bound: their order is not established), and the metrics of the run at the
     capacity (the highest passing probe)."""
-    records = [r for f in experiment_files(results_dir, "capacity.json") for r in json.loads(f.read_text())
+    records = [with_bound(r) for f in experiment_files(results_dir, "capacity.json") for r in json.loads(f.read_text())
                if r.get("model") in DEPLOYMENTS]
     if not records:
         return pd.DataFrame(columns=TABLE_COLUMNS)

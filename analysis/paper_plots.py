@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from stallfree.analysis.capacity import bar_label
 from stallfree.analysis.figure_style import finish, message, style
 from stallfree.analysis.paper import DEPLOYMENTS, POLICIES
 from stallfree.analysis.plots import policy_palette
@@ -44,9 +45,10 @@ def capacity_bars(table: pd.DataFrame, save: str | Path | None = None, caveat: s
                 cell = cell.set_index("policy").reindex([p for p in POLICIES if p in set(cell["policy"])])
                 drawn = ax.bar(range(len(cell)), cell["capacity_qps"], color=[palette[p] for p in cell.index])
                 ax.bar_label(drawn, fontsize=8, padding=2, labels=[
-                    ("≥" if r.lower_bound else "") + f"{r.capacity_qps:.2g}"
-                    + ("" if p == "vllm" or pd.isna(r.ratio_to_vllm)
-                       else f"\n{'≥' if r.lower_bound else ''}{r.ratio_to_vllm:.1f}×{mark}")
+                    bar_label(r) if r.capacity_qps == 0  # none passed: "< the lowest QPS tried", no ratio
+                    else (("≥" if r.lower_bound else "") + f"{r.capacity_qps:.2g}"
+                          + ("" if p == "vllm" or pd.isna(r.ratio_to_vllm)
+                             else f"\n{'≥' if r.lower_bound else ''}{r.ratio_to_vllm:.1f}×{mark}"))
                     for p, r in cell.iterrows()])
                 ax.set_xticks(range(len(cell)), cell.index, fontsize=8)
                 slo_ms = cell["slo_tbt_ms"].dropna()

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from stallfree.analysis.capacity import BASELINE
+from stallfree.analysis.capacity import BASELINE, bar_label
 from stallfree.analysis.figure_style import finish, log_scale, message, style
 from stallfree.analysis.load import NO_CHUNK, POLICIES
 from stallfree.analysis.pareto import pareto_front
@@ -112,8 +112,8 @@ def _mark_disturbed(fig: Figure, ax: Axes, points: pd.DataFrame, x: str, y: str,
 
 def capacity_plot(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Capacity bars (`capacity.capacity_table`) per config (colour = policy), one panel per SLO, each
-    bar annotated with its capacity and its ratio to `vllm` under the same SLO; a capacity searched
-    on several seeds is their mean, with its 95% interval as an error bar."""
+    bar annotated with its capacity (a bound as ">= X" / "< X") and its ratio to `vllm` under the same SLO;
+    a capacity searched on several seeds is their mean, with its 95% interval as an error bar."""
     table = table.dropna(subset=["capacity_qps"])
     if table.empty:
         return message("No capacity data: no capacity.json, no capacity-search runs and no sweep runs.",
@@ -280,8 +280,6 @@ def _slo_lines(ax: Axes, slos: Mapping[str, float], vertical: bool) -> None:
 
 
 def _capacity_text(row) -> str:
-    if row.capacity_qps == 0:
-        return "below\nlowest QPS"
     if row.scheduler == BASELINE or pd.isna(row.ratio_to_vllm):
-        return f"{row.capacity_qps:g}"
-    return f"{row.capacity_qps:g}\n{row.ratio_to_vllm:.1f}× {BASELINE}"
+        return bar_label(row)
+    return f"{bar_label(row)}\n{row.ratio_to_vllm:.1f}× {BASELINE}"

@@ -8,8 +8,16 @@ its ``finish_time``, when its response ended (as vLLM's e2el does), not to its l
 Input is a DataFrame with the requests.parquet columns (loadgen.results.records.RequestRecord). Warm-up rows
 are left out of the summary; failed rows (status != ok) are left out of latency statistics but counted
 in ``failed``. Times in the input are epoch seconds; every ``*_ms`` output is milliseconds.
+
+Whether the server kept pace with the offered load (``pace_summary``), judged from what any target
+shows a client: over the steady window (the requests between the 10% and 90% quantiles, leaving out
+the ramp-up and the drain) the completion rate against the offered rate, the peak number of requests
+in flight, and a client-side scheduling delay, TTFT minus the TTFT of the same prompt sent alone
+(``UnloadedTtft``), with its growth over the run.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -23,6 +31,18 @@ TIME_COLUMNS = ("intended_send_time", "send_time", "first_token_time", "finish_t
                 "server_arrival_time", "server_first_scheduled_time")
 MAX_SCHEDULE_LAG_P99_MS = 10.0
 MIN_ACHIEVED_FRACTION = 0.95
+STEADY_QUANTILES = (0.1, 0.9)  # the steady window of a run's arrivals and completions
+
+
+@dataclass(frozen=True)
+class UnloadedTtft:
+    """The TTFT of a request sent alone, linear in its prompt length (loadgen.sweep.unloaded_ttft measures it)."""
+
+    intercept_ms: float
+    per_prompt_token_ms: float
+
+    def at(self, prompt_tokens: float | pd.Series) -> float | pd.Series:
+        return self.intercept_ms + self.per_prompt_token_ms * prompt_tokens
 
 
 def _gaps_ms(token_times) -> np.ndarray:
@@ -100,8 +120,54 @@ def parse_goodput(spec: str | None) -> dict[str, float]:
     return slos
 
 
+def _steady_rate(times: pd.Series) -> float | None:
+    """Requests per second between the STEADY_QUANTILES of ``times`` (None when they coincide)."""
+    lo, hi = STEADY_QUANTILES
+    times = times.dropna()
+    span = float(times.quantile(hi) - times.quantile(lo)) if len(times) > 1 else 0.0
+    return (hi - lo) * len(times) / span if span > 0 else None
+
+
+def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
+    """The most requests sent and not yet ended at any one time (a request ends at its finish time)."""
+    sent = send.notna()
+    events = pd.concat([pd.Series(1, index=send[sent].to_numpy()), pd.Series(-1, index=finish[sent].to_numpy())])
+    return int(events.sort_index(kind="stable").cumsum().max()) if len(events) else 0
+
+
+def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict:
+    """Whether the server kept pace (``per_request_metrics`` rows): ``steady_offered_rate`` and
+    ``steady_completion_rate`` (requests/s between the STEADY_QUANTILES of the intended sends / of the ok
+    requests' finishes) and their ``completion_ratio``; ``peak_in_flight``; ``arrival_window_s`` (last -
+    first intended send). With ``unloaded``: the client-side scheduling delay of each ok request (TTFT -
+    unloaded TTFT of its prompt length), its median ``median_client_scheduling_delay_ms`` and
+    ``client_scheduling_delay_growth_ms``: the median over the last third of the steady window's requests
+    (by intended send) minus the median over its first third, positive when a queue builds up."""
+    ok = df[df["status"] == "ok"]
+    offered, completed = _steady_rate(df["intended_send_time"]), _steady_rate(ok["finish_time"])
+    sends = df["intended_send_time"]
+    out = {"steady_offered_rate": offered, "steady_completion_rate": completed,
+           "completion_ratio": completed / offered if offered and completed else None,
+           "peak_in_flight": peak_in_flight(df["send_time"], df["finish_time"]),
+           "arrival_window_s": float(sends.max() - sends.min()) if len(df) else None,
+           "median_client_scheduling_delay_ms": None, "client_scheduling_delay_growth_ms": None}
+    if unloaded is None or ok.empty:
+        return out
+    delay = ok["ttft_ms"] - unloaded.at(ok["prompt_tokens"].astype(float))
+    lo, hi = (float(q) for q in sends.quantile(list(STEADY_QUANTILES)))
+    in_window = ok["intended_send_time"].between(lo, hi)
+    steady = (ok.assign(delay=delay)[in_window].sort_values("intended_send_time", kind="stable")["delay"]
+              .to_numpy())
+    third = len(steady) // 3
+    out["median_client_scheduling_delay_ms"] = float(np.median(delay))
+    if third:
+        out["client_scheduling_delay_growth_ms"] = float(np.median(steady[-third:]) - np.median(steady[:third]))
+    return out
+
+
 def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_ms: float | None = None,
-              slo_e2e_ms: float | None = None, goodput: str | None = None) -> dict:
+              slo_e2e_ms: float | None = None, goodput: str | None = None,
+              unloaded_ttft: UnloadedTtft | None = None) -> dict:
     """The run summary: counts, throughput, goodput, latency statistics and validity flags.
 
     duration = last finish - first intended send (all non-warm-up rows). A request is good when it
@@ -109,7 +175,8 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
     token gaps <= slo_tbt_ms. ``request_goodput_vllm`` counts the ok requests that meet every SLO of
     ``goodput`` (vLLM's ``--goodput``, see parse_goodput) with vLLM's definitions (from the actual
     send; a 1-token request meets any tpot). Offered / achieved rates are (n - 1) / span of the
-    intended / actual send times, so a constant-rate schedule reports exactly its qps.
+    intended / actual send times, so a constant-rate schedule reports exactly its qps. The fields of
+    ``pace_summary`` (with ``unloaded_ttft``, the client-side scheduling delay) follow.
     """
     df = per_request_metrics(requests)
     ok = df["status"] == "ok"
@@ -166,6 +233,7 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
         "offered_rate": offered,
         "achieved_rate": achieved,
         "client_fell_behind": bool(fell_behind),
+        **pace_summary(df, unloaded_ttft),
         "slo_tbt_ms": slo_tbt_ms,
         "slo_ttft_ms": slo_ttft_ms,
         "slo_e2e_ms": slo_e2e_ms,

@@ -10,6 +10,7 @@ run's config.yaml, and run ids hash its sections, so both stay what they were.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,17 +163,42 @@ class DecodeProbe:
 
 @dataclass
 class CapacityGroup:
+    """mode=capacity (loadgen.sweep.capacity_search; the rules a point passes: loadgen.sweep.keep_pace)."""
+
     start_qps: float
     min_qps: float
     max_qps: float
     tolerance: float
     max_p50_scheduling_delay_s: float
+    min_completion_ratio: float  # completion rate / offered rate over the steady window
+    max_delay_growth_s: float  # client-side scheduling delay: last third - first third of the steady window
+    min_duration_s: float  # a point at qps q sends max(num_requests, q x min_duration_s) requests ...
+    max_requests: int  # ... and at most this many
+    min_requests_per_in_flight: float  # a point sends at least this many times its peak in-flight requests
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _positive(f"capacity.{f.name}", getattr(self, f.name))
         require(self.min_qps <= self.start_qps <= self.max_qps, "capacity.start_qps",
                 f"within [capacity.min_qps={self.min_qps}, capacity.max_qps={self.max_qps}]", self.start_qps)
+        require(self.min_completion_ratio <= 1, "capacity.min_completion_ratio", "a number in (0, 1]",
+                self.min_completion_ratio)
+        need = math.ceil(self.max_qps * self.min_duration_s)
+        require(self.max_requests >= need, "capacity.max_requests",
+                f">= capacity.max_qps x capacity.min_duration_s = {need} (a point at max_qps sends that many "
+                "requests to last min_duration_s; lower max_qps or min_duration_s, or raise max_requests)",
+                self.max_requests)
+
+    def num_requests(self, qps: float, num_requests: int) -> int:
+        """The requests of a point at ``qps``: enough to last min_duration_s, at least num_requests."""
+        return min(max(num_requests, math.ceil(qps * self.min_duration_s)), self.max_requests)
+
+    def longer(self, num_requests: int, peak_in_flight: int) -> int:
+        """The requests of a point measured again because its ``num_requests`` were fewer than
+        min_requests_per_in_flight x its peak in-flight requests: that many, and at least twice as many (a
+        server falling behind keeps more in flight the longer it runs), at most max_requests."""
+        wanted = max(math.ceil(self.min_requests_per_in_flight * peak_in_flight), 2 * num_requests)
+        return min(wanted, self.max_requests)
 
 
 @dataclass
@@ -235,6 +261,11 @@ class BenchConfig:
         require(self.target.endpoint != "chat" or is_text_workload(self.workload.lengths), "target.endpoint",
                 "completions for a workload of token ids (chat needs a text workload: sharegpt, jsonl, sonnet)",
                 self.target.endpoint)
+        if self.mode in ("capacity", "compare"):  # both search a capacity
+            require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
+                    f"mode={self.mode}", self.arrival.kind)
+            require(self.num_requests <= self.capacity.max_requests, "num_requests",
+                    f"<= capacity.max_requests={self.capacity.max_requests} in mode={self.mode}", self.num_requests)
 
     @property
     def virtual_time(self) -> bool:
@@ -250,6 +281,10 @@ class BenchConfig:
         return dataclasses.replace(
             self, qps=qps, arrival=dataclasses.replace(self.arrival, qps=qps if self.arrival.qps is not None else None),
             composed={**self.composed, "qps": qps, "arrival": {**arrival, "qps": qps} if "qps" in arrival else arrival})
+
+    def with_num_requests(self, num_requests: int) -> BenchConfig:
+        return dataclasses.replace(self, num_requests=num_requests,
+                                   composed={**self.composed, "num_requests": num_requests})
 
 
 def _missing_keys(node, prefix: str = "") -> list[str]:

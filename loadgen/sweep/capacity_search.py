@@ -1,13 +1,18 @@
-"""Capacity search: the highest QPS whose run has P99 TBT <= the SLO and P50 scheduling delay <= a
-bound (``capacity.max_p50_scheduling_delay_s``, 2 s by default), with no failed request.
+"""Capacity search: the highest QPS at which the server keeps pace with the offered load within the SLO
+(the rules: loadgen.sweep.keep_pace).
 
 From ``capacity.start_qps`` the search doubles (or halves) until it has a passing ``lo`` and a
 failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is a cached run of
-``stallfree-bench`` (loadgen.sweep.point.run_point), so an interrupted search resumes where it stopped.
+``stallfree-bench`` (loadgen.sweep.point.run_point) of ``capacity.num_requests(qps)`` requests (long
+enough to be a load test, not a burst; one that fails only for being short for the requests it kept in
+flight is measured again, longer), so an interrupted search resumes where it stopped. The SLO and
+the unloaded TTFT (the baseline of the client-side scheduling delay, loadgen.sweep.unloaded_ttft) are
+resolved once, before the first point, and every point is judged against them.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
 ``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, slo_name,
-slo_tbt_ms, capacity_qps (mean over repeats), capacity_ci_lo / capacity_ci_hi (its 95% interval),
-..., points} rebuilt from one file per search in ``.capacity/``.
+slo_tbt_ms, the SLO reference and how it was measured, unloaded_ttft, capacity_qps (mean over repeats),
+capacity_bound (exact | lower | upper, loadgen.results.capacity_bound), capacity_display, capacity_ci_lo /
+capacity_ci_hi (its 95% interval), ..., points} rebuilt from one file per search in ``.capacity/``.
 
 ``stallfree-capacity ARGS`` is ``stallfree-bench +experiment=capacity ARGS``. On a running server
 (``target.url``) the preset's scheduler values name the same search (the bench's scheduler does not
@@ -19,17 +24,22 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stallfree.loadgen.results.capacity_bound import capacity_text, mean_bound, search_bound
 from stallfree.loadgen.results.repeat_stats import mean_interval
+from stallfree.loadgen.results.request_metrics import UnloadedTtft
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.sweep.bench_schema import BenchConfig, CapacityGroup
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
+from stallfree.loadgen.sweep.keep_pace import checks, reason
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
+from stallfree.loadgen.sweep.progress import RunPart
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
+from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
 _searched: dict[str, str] = {}  # the searches this process ran: record key -> the job that ran it
@@ -37,12 +47,18 @@ _searched: dict[str, str] = {}  # the searches this process ran: record key -> t
 
 @dataclass
 class Point:
-    qps: float
-    passed: bool
-    p99_tbt_ms: float | None
-    median_scheduling_delay_ms: float | None
-    failed: int
-    run_id: str | None = None
+    qps: float  # the offered load
+    passed: bool  # every rule of loadgen.sweep.keep_pace held
+    p99_tbt_ms: float | None = None
+    median_scheduling_delay_ms: float | None = None  # server-side (None: the target does not report it)
+    failed: int = 0  # failed requests
+    run_id: str | None = None  # the point's run directory in the experiment
+    num_requests: int | None = None  # sent: max(num_requests, qps x capacity.min_duration_s), capped
+    completion_ratio: float | None = None  # completion rate / offered rate over the steady window
+    median_client_scheduling_delay_ms: float | None = None  # TTFT - the unloaded TTFT of the prompt's length
+    client_scheduling_delay_growth_ms: float | None = None  # last third - first third of the steady window
+    failed_rules: list[str] = field(default_factory=list)  # loadgen.sweep.keep_pace rule names
+    reason: str = ""  # the failed rules' values against their bounds (all rules' when it passed)
 
 
 @dataclass
@@ -55,6 +71,10 @@ class Search:
     @property
     def bracketed(self) -> bool:
         return self.lo_qps is not None and self.hi_qps is not None
+
+    @property
+    def bound(self) -> str:
+        return search_bound(self.lo_qps, self.hi_qps)
 
 
 def _round(qps: float) -> float:
@@ -108,11 +128,14 @@ def probes_left(points: list[Point], min_qps: float, max_qps: float, tolerance: 
     return (1 if points else 2) + bisections(1.0, 2.0)  # the next doubling / halving closes a bracket
 
 
-def point_from_summary(summary: dict, slo_tbt_ms: float, max_delay_ms: float) -> Point:
-    p99, delay, failed = summary["p99_tbt_ms"], summary["median_scheduling_delay_ms"], summary["failed"]
-    passed = (failed == 0 and p99 is not None and p99 <= slo_tbt_ms
-              and (delay is None or delay <= max_delay_ms))
-    return Point(summary["qps"], passed, p99, delay, failed, summary["run_id"])
+def point_from_summary(summary: dict, slo_tbt_ms: float, capacity: CapacityGroup) -> Point:
+    """A point judged by the rules of loadgen.sweep.keep_pace against the search's SLO."""
+    results = checks(summary, slo_tbt_ms, capacity)
+    return Point(summary["qps"], all(r.passed for r in results), summary["p99_tbt_ms"],
+                 summary["median_scheduling_delay_ms"], summary["failed"], summary["run_id"],
+                 summary["completed"] + summary["failed"], summary["completion_ratio"],
+                 summary["median_client_scheduling_delay_ms"], summary["client_scheduling_delay_growth_ms"],
+                 [r.rule for r in results if not r.passed], reason(results))
 
 
 def _write_atomic(path: Path, value) -> None:
@@ -129,23 +152,40 @@ def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
     return records
 
 
-def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, max_delay_ms: float, repeat: int) -> Search:
-    """One search on the seed of repeat ``repeat``. A point whose run was disturbed (summary
-    ``disturbed``: the engine got too little CPU) is measured once more."""
+def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: UnloadedTtft, repeat: int) -> Search:
+    """One search on the seed of repeat ``repeat``, every point judged against ``slo``. A point whose run
+    was disturbed (summary ``disturbed``: the engine got too little CPU) is measured once more."""
     c, points = cfg.capacity, []
 
+    def run(qps: float, num_requests: int, part: RunPart) -> dict:
+        point_cfg = cfg.with_qps(qps).with_num_requests(num_requests)
+        args = {"capacity_slo": cfg.slo.name, "part": part, "slo": slo, "unloaded_ttft": unloaded}
+        summary = run_point(point_cfg, targets, **args)
+        if summary.get("disturbed"):
+            print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
+            summary = run_point(point_cfg, targets, rerun=True, **args)
+        return summary
+
     def measure(qps: float) -> Point:
-        point_cfg = cfg.with_qps(qps)
         share = (len(points) + 1) / (len(points) + probes_left(points, c.min_qps, c.max_qps, c.tolerance))
         part = repeat_part(cfg, repeat, min(share, 1.0))
         part.extras["qps"] = qps
-        summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name, part=part)
-        if summary.get("disturbed"):
-            print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
-            summary = run_point(point_cfg, targets, capacity_slo=cfg.slo.name, rerun=True, part=part)
-        point = point_from_summary(summary, slo["slo_tbt_ms"], max_delay_ms)
+        num_requests = c.num_requests(qps, cfg.num_requests)
+        while True:  # a point that failed only for being short for its concurrency is measured again, longer
+            summary = run(qps, num_requests, part)
+            point = point_from_summary(summary, slo["slo_tbt_ms"], c)
+            longer = c.longer(num_requests, summary["peak_in_flight"])
+            if point.failed_rules != ["length"] or longer <= num_requests:
+                break
+            print(f"  qps {qps:g}: {num_requests} requests, {summary['peak_in_flight']} in flight at once: "
+                  f"measuring again with {longer}", flush=True)
+            num_requests = longer
+        if not points and point.median_scheduling_delay_ms is None:
+            print("[capacity] the target reports no server-side scheduling delay: points are judged by the "
+                  "client-side rules (completion rate, client-side scheduling delay and its growth)", flush=True)
         points.append(point)
-        print(f"  qps {qps:g}: {'pass' if point.passed else 'fail'}", flush=True)
+        print(f"  qps {qps:g} ({point.num_requests} requests): {'pass' if point.passed else 'fail'} - "
+              f"{point.reason}", flush=True)
         return point
 
     return search(measure, c.start_qps, c.min_qps, c.max_qps, c.tolerance)
@@ -153,7 +193,7 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, max_delay_ms: 
 
 def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     """Search the capacity of the config's scheduler / chunk size under its SLO, once per repeat (seeds
-    seed, seed + 1, ...); record and return it with the mean capacity and its 95% interval."""
+    seed, seed + 1, ...); record and return it with the mean capacity, its bound and its 95% interval."""
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name
     plan = plan_run(cfg, capacity_slo=cfg.slo.name)
     key = make_run_id({"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
@@ -163,27 +203,30 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
         print(f"[capacity] {job}: same search as {_searched[key]} ({plan.params['scheduler']}), not run again",
               flush=True)
         return json.loads((exp_dir / ".capacity" / f"{key}.json").read_text())
-    slo = resolve_slo(cfg, exp_dir, targets)
-    max_delay_ms = cfg.capacity.max_p50_scheduling_delay_s * 1e3
-    results = [_search_one(repeat_cfg, targets, slo, max_delay_ms, repeat)
+    slo = resolve_slo(cfg, exp_dir, targets)  # once: every point of every repeat is judged against it
+    unloaded, unloaded_record = cached_unloaded_ttft(cfg, exp_dir, targets)
+    results = [_search_one(repeat_cfg, targets, slo, unloaded, repeat)
                for repeat, repeat_cfg in enumerate(repeat_configs(cfg))]
     interval = mean_interval([r.capacity_qps for r in results])
+    bound = mean_bound([r.bound for r in results])
+    display = capacity_text(interval.mean, bound, min(p.qps for r in results for p in r.points), unit=" qps")
     first = results[0]
     record = {"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"], **slo,
-              "capacity_qps": interval.mean, "capacity_ci_lo": interval.lo, "capacity_ci_hi": interval.hi,
+              "unloaded_ttft": unloaded_record,
+              "capacity_qps": interval.mean, "capacity_bound": bound, "capacity_display": display,
+              "capacity_ci_lo": interval.lo, "capacity_ci_hi": interval.hi,
               "capacity_qps_repeats": [r.capacity_qps for r in results],
               "bracketed": all(r.bracketed for r in results), "lo_qps": first.lo_qps, "hi_qps": first.hi_qps,
-              "max_p50_scheduling_delay_ms": max_delay_ms, "tolerance": cfg.capacity.tolerance,
+              "capacity": asdict(cfg.capacity),
               **{k: plan.params[k] for k in RUN_PARAMS},
               "points": [asdict(p) for r in results for p in r.points]}
     with experiment_lock(exp_dir):
         _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
         rebuild_capacity_json(exp_dir)
     _searched[key] = job
-    bound = "" if record["bracketed"] else " (max_qps passed)" if first.lo_qps else " (none passed)"
-    spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 else ""
+    spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 and bound == "exact" else ""
     chunk = "" if plan.params["chunk_size"] is None else f" chunk_size={plan.params['chunk_size']}"
     print(f"[capacity] {plan.params['scheduler']}{chunk} slo={cfg.slo.name} "
-          f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {interval.mean:g} qps{spread}{bound}, "
+          f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {display}{spread}, "
           f"{sum(len(r.points) for r in results)} points", flush=True)
     return record

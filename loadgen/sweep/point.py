@@ -20,7 +20,7 @@ from tqdm import tqdm
 from stallfree.loadgen.openai_client.completions import lost_connection
 from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
+from stallfree.loadgen.results.request_metrics import UnloadedTtft, pipeline_summary, summarize
 from stallfree.loadgen.results.run_dir import (
     is_complete,
     rebuild_experiment_summary,
@@ -114,9 +114,11 @@ def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestR
 
 
 def must_rerun(rerun: str, summary: dict) -> bool:
-    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again."""
+    """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again. A capacity
+    point without the fields its keep-pace rules judge (measured by an earlier version) always is."""
     disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed") or summary.get("failed_run"))
-    return rerun == "all" or (rerun == "disturbed" and disturbed)
+    outdated = summary.get("capacity_search") is not None and "completion_ratio" not in summary
+    return outdated or rerun == "all" or (rerun == "disturbed" and disturbed)
 
 
 def _read_summary(plan: RunPlan) -> dict:
@@ -124,10 +126,11 @@ def _read_summary(plan: RunPlan) -> dict:
 
 
 def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
-              part: RunPart | None = None) -> dict:
+              part: RunPart | None = None, slo: dict | None = None, unloaded_ttft: UnloadedTtft | None = None) -> dict:
     """Measure one point (or read it back when complete); return its summary. ``rerun``: measure it
     again as a run of its own (loadgen.sweep.plan.plan_run). ``part``: its place in the job, for the progress
-    line (loadgen.sweep.progress)."""
+    line (loadgen.sweep.progress). ``slo``: the SLO fields resolved once for a whole capacity search (else
+    resolved here); ``unloaded_ttft``: the baseline of the client-side scheduling delay."""
     started, progress = time.monotonic(), current()
     plan = plan_run(cfg, capacity_slo, rerun)
     part = part or RunPart()
@@ -139,7 +142,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
         _report("cached", plan, summary)
         progress.run_ended(point, part, time.monotonic() - started, cached=True, summary=summary)
         return summary
-    slo = resolve_slo(cfg, plan.exp_dir, targets)
+    slo = slo or resolve_slo(cfg, plan.exp_dir, targets)
     target = targets.get(cfg, plan.exp_dir / ".logs")
     specs = build_workload(cfg.arrival.settings(), cfg.workload.lengths, cfg.num_requests,
                            cfg.seed, target.vocab_size, cfg.workload.max_total_tokens,
@@ -162,7 +165,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                "prompt_form": target.request_shape.prompt_form, "ignore_eos": target.request_shape.ignore_eos,
                "failed_run": failure is not None, "failed_reason": failure,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
-                           slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput),
+                           slo_ttft_ms=cfg.slo.ttft_ms, goodput=cfg.slo.goodput, unloaded_ttft=unloaded_ttft),
                **output_length_summary(replay.records),
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),

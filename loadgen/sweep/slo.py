@@ -9,16 +9,23 @@ The decode reference (``decode_iter_ms``) comes, in this order of preference, fr
   quantile (``decode_probe.quantile``) of their decode steps, and it is measured twice. Two measurements
   further apart than ``decode_probe.max_spread``, or an engine that got less than
   ``min_engine_cpu_share`` of its CPU, make the attempt disturbed; up to ``decode_probe.attempts``
-  attempts are made. A clean reference is cached per model / target / probe shape in
-  ``exp_dir/.probes/``; a disturbed one is used for this run only, flagged, and never cached.
+  attempts are made. The probe measures the run's target (a ``url`` target: the server at that URL).
 
-The summary records ``slo_reference_method``, ``slo_reference_disturbed`` and ``slo_reference_spread``.
+One SLO per experiment: the reference is measured once, cached per model / target / probe shape in
+``exp_dir/.probes/`` (a disturbed one too, flagged), and every later run and capacity point of the
+experiment is judged against it. ``rerun=disturbed`` measures a disturbed cached reference again, and
+``rerun=all`` any cached one, once per process; a capacity search resolves its SLO once, before its first
+point, and hands it to every point.
+
+The summary records ``slo_reference_method``, ``slo_reference_disturbed``, ``slo_reference_spread``,
+``slo_reference_measurements_ms`` and ``slo_reference_measured_at`` (UTC, ISO 8601).
 """
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -33,20 +40,23 @@ from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.targets.base import Target
 from stallfree.loadgen.workload.request_specs import build_workload
 
-_probed_here: set[Path] = set()  # probe caches this process wrote (rerun=all measures each one once)
+_probed_here: set[Path] = set()  # probe caches this process wrote (rerun measures each one at most once)
 
 
 @dataclass(frozen=True)
 class Reference:
-    decode_iter_ms: float
-    method: str  # pinned | cost_model | probe
+    decode_iter_ms: float | None  # None: an absolute SLO
+    method: str  # absolute | pinned | cost_model | probe
     disturbed: bool
     spread: float | None = None  # |a - b| / min(a, b) of the probe's two measurements
     measurements_ms: tuple[float, ...] = ()
+    measured_at: str | None = None  # UTC, ISO 8601 (None: not measured, e.g. pinned)
 
     def as_summary(self) -> dict:
         return {"decode_iter_ms": self.decode_iter_ms, "slo_reference_method": self.method,
-                "slo_reference_disturbed": self.disturbed, "slo_reference_spread": self.spread}
+                "slo_reference_disturbed": self.disturbed, "slo_reference_spread": self.spread,
+                "slo_reference_measurements_ms": list(self.measurements_ms) or None,
+                "slo_reference_measured_at": self.measured_at}
 
 
 def decode_steps_ms(records: list[RequestRecord]) -> list[float]:
@@ -85,13 +95,14 @@ def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
     """After a warm-up measurement, up to ``decode_probe.attempts`` attempts of two measurements each;
     the first clean one, else the one whose measurements agree best, flagged disturbed."""
     p, best = cfg.decode_probe, None
+    measured_at = datetime.now(UTC).isoformat(timespec="seconds")
     _measure(cfg, target, cfg.seed, rounds=1)  # a first burst of the probe's shape runs slow (allocation, kernel setup)
     for attempt in range(p.attempts):
         (a, starved_a), (b, starved_b) = (_measure(cfg, target, cfg.seed + 1000 * (2 * attempt + i), p.rounds)
                                           for i in range(2))
         spread = abs(a - b) / max(min(a, b), 1e-9)
         reference = Reference((a + b) / 2, "probe", spread > p.max_spread or starved_a or starved_b,
-                              round(spread, 4), (round(a, 4), round(b, 4)))
+                              round(spread, 4), (round(a, 4), round(b, 4)), measured_at)
         if not reference.disturbed:
             return reference
         if best is None or reference.spread < best.spread:
@@ -119,16 +130,16 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
     key = {"model": cfg.composed["model"], "target": cfg.target.kind, "url": cfg.target.url,
            "probe": cfg.composed["decode_probe"]}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
-    if path.is_file() and (cfg.rerun != "all" or path in _probed_here):  # --force: probe once again
+    if path.is_file():
         cached = json.loads(path.read_text())
-        if "method" in cached:  # a cache of the single-shot probe of earlier versions is measured again
-            return Reference(cached["decode_iter_ms"], cached["method"], False, cached["spread"],
-                             tuple(cached["measurements_ms"]))
+        if "method" in cached and (path in _probed_here or not must_probe_again(cfg.rerun, cached["disturbed"])):
+            return Reference(cached["decode_iter_ms"], cached["method"], cached["disturbed"], cached["spread"],
+                             tuple(cached["measurements_ms"]), cached.get("measured_at"))
     reference = probe_reference(cfg, targets.get(cfg, exp_dir / ".logs"))
     if reference.disturbed:
         print(f"[slo] decode reference {reference.decode_iter_ms:.2f} ms is disturbed (measurements "
-              f"{reference.measurements_ms} ms): used for this run, not cached", flush=True)
-        return reference
+              f"{reference.measurements_ms} ms): every run of the experiment uses it; rerun=disturbed "
+              "measures it again", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps({**asdict(reference), **key}, indent=2) + "\n")
@@ -137,12 +148,17 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
     return reference
 
 
+def must_probe_again(rerun: str, disturbed: bool) -> bool:
+    """Whether ``rerun`` measures a cached reference again (at most once per process)."""
+    return rerun == "all" or (rerun == "disturbed" and disturbed)
+
+
 def resolve_slo(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> dict:
     """SLO fields of the summary: slo_name, slo_tbt_ms (absolute, or tbt_multiple x the decode
     reference) and how the reference was obtained."""
     if cfg.slo.tbt_ms is not None:
-        return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_bound_ms(None), "decode_iter_ms": None,
-                "slo_reference_method": "absolute", "slo_reference_disturbed": False, "slo_reference_spread": None}
+        return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_bound_ms(None),
+                **Reference(None, "absolute", False).as_summary()}
     reference = decode_reference(cfg, exp_dir, targets)
     return {"slo_name": cfg.slo.name, "slo_tbt_ms": cfg.slo.tbt_bound_ms(reference.decode_iter_ms),
             **reference.as_summary()}

@@ -61,14 +61,26 @@ def test_capacity_from_sweep_runs():
                   ("sarathi", 256, 1.0, 200, 10)])  # never meets the strict SLO
     table = capacity.capacity_table("/nonexistent", runs, {"strict": 50.0, "relaxed": 250.0})
     got = {(r.config, r.slo_name): (r.capacity_qps, r.ratio_to_vllm) for r in table.itertuples()}
+    shown = {(r.config, r.slo_name): (r.capacity_bound, r.capacity_display) for r in table.itertuples()}
     assert got[("vllm", "strict")] == (1.0, 1.0)
     assert got[("sarathi-512", "strict")] == (2.0, 2.0)
-    assert got[("sarathi-256", "strict")] == (0.0, 0.0)
     assert got[("vllm", "relaxed")] == (2.0, 1.0)
-    assert got[("sarathi-256", "relaxed")] == (1.0, 0.5)
+    # bounds, not numbers: below the only QPS tried, at least the only QPS tried; no ratio from a bound
+    assert got[("sarathi-256", "strict")][0] == 0.0 and np.isnan(got[("sarathi-256", "strict")][1])
+    assert shown[("sarathi-256", "strict")] == ("upper", "< 1 (the lowest rate tried)")
+    assert got[("sarathi-256", "relaxed")][0] == 1.0 and np.isnan(got[("sarathi-256", "relaxed")][1])
+    assert shown[("sarathi-256", "relaxed")] == ("lower", ">= 1 (the highest rate tried)")
+    assert shown[("sarathi-512", "strict")] == ("exact", "2")
     assert table["chunk_size"][table["scheduler"] == "vllm"].isna().all()  # vllm does not chunk
     assert table["slo_name"].tolist()[:3] == ["strict"] * 3  # strictest first
     assert set(table["source"]) == {"sweep"}
+
+
+def test_a_sweep_run_that_fell_behind_does_not_pass():
+    runs = _runs([("sarathi", 512, 1.0, 30, 10), ("sarathi", 512, 2.0, 35, 10)])
+    runs = runs.assign(completion_ratio=[0.99, 0.6])  # at 2 QPS the server completed 60% of the offered rate
+    table = capacity.capacity_table("/nonexistent", runs, {"strict": 50.0})
+    assert table[["capacity_qps", "capacity_bound"]].values.tolist() == [[1.0, "exact"]]
 
 
 def test_capacity_from_search_probes_and_without_baseline():

@@ -2,12 +2,14 @@
 Pareto and capacity figures."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
 
-from stallfree.analysis import load, plots
+from stallfree.analysis import capacity, load, plots
 from stallfree.analysis.repeats import repeat_summary
 from stallfree.loadgen.results.repeat_stats import mean_interval
 
@@ -73,8 +75,9 @@ def test_pareto_plot_draws_intervals_and_hollow_named_disturbed_runs():
 def test_capacity_plot_draws_the_interval_of_a_repeated_search():
     table = load.label_configs(pd.DataFrame({
         "experiment": "exp", "scheduler": ["vllm", "sarathi"], "chunk_size": [None, 256], "slo_name": "strict",
-        "slo_tbt_ms": 100.0, "source": "capacity.json", "capacity_qps": [2.0, 3.0],
-        "capacity_ci_lo": [1.5, np.nan], "capacity_ci_hi": [2.5, np.nan], "ratio_to_vllm": [1.0, 1.5]}))
+        "slo_tbt_ms": 100.0, "source": "capacity.json", "capacity_qps": [2.0, 3.0], "capacity_bound": "exact",
+        "capacity_display": ["2", "3"], "capacity_ci_lo": [1.5, np.nan], "capacity_ci_hi": [2.5, np.nan],
+        "ratio_to_vllm": [1.0, 1.5]}))
     ax = plots.capacity_plot(table).axes[0]
     [bars] = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
     segments = bars.lines[2][0].get_segments()
@@ -86,3 +89,18 @@ def test_pareto_legend_names_the_dtype_of_the_runs():
     assert legend.get_title().get_text() == "dtype: bfloat16"
     untold = plots.pareto_plot(_repeated_runs(), "p99_tbt_ms").axes[0].get_legend()  # runs from before the field
     assert untold.get_title().get_text() == ""
+
+
+def test_capacity_plot_labels_a_bound_as_a_bound(tmp_path):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    points = [{"qps": 4.0, "passed": True}, {"qps": 8.0, "passed": True}]
+    (exp / "capacity.json").write_text(json.dumps([
+        {"scheduler": "vllm", "chunk_size": None, "slo_name": "strict", "slo_tbt_ms": 100.0, "capacity_qps": 8.0,
+         "capacity_bound": "lower", "points": points},
+        {"scheduler": "sarathi", "chunk_size": 256, "slo_name": "strict", "slo_tbt_ms": 100.0, "capacity_qps": 0.0,
+         "bracketed": False, "lo_qps": None, "hi_qps": 4.0, "points": [{"qps": 4.0, "passed": False}]}]))
+    table = capacity.capacity_table(tmp_path, pd.DataFrame(columns=["experiment"]), {})
+    labels = [t.get_text() for t in plots.capacity_plot(table).axes[0].texts]
+    assert labels == [">= 8\n(the highest rate tried)", "< 4\n(the lowest rate tried)"]
+    assert table["ratio_to_vllm"].isna().all()

@@ -126,9 +126,10 @@ def _prompt_tokens(prompt: list | str) -> int:
 
 
 async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: float, tbt_s: float,
-                         behaviour: FakeBehaviour) -> None:
+                         behaviour: FakeBehaviour, arrival: float) -> None:
+    """Stream the request's tokens on schedule from now (it arrived at ``arrival``, then waited for a slot)."""
     loop = asyncio.get_running_loop()
-    arrival, start = time.time(), loop.time()
+    scheduled, start = time.time(), loop.time()
     requested = int(request.get("max_tokens", 16))
     n = requested if behaviour.stop_after is None else min(requested, behaviour.stop_after)
     finish_reason = "length" if n == requested else "stop"
@@ -143,7 +144,7 @@ async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: fl
         await writer.drain()  # raises once the client has gone
     prompt_tokens = _prompt_tokens(request.get("prompt") or " ".join(m["content"] for m in request["messages"]))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-    timings = {"arrival_time": arrival, "first_scheduled_time": arrival, "token_times": token_times,
+    timings = {"arrival_time": arrival, "first_scheduled_time": scheduled, "token_times": token_times,
                "finish_time": time.time(), "num_preemptions": 0}
     final = {"object": "text_completion", "choices": [], "usage": usage, "stallfree": timings}
     writer.write(_sse(final) + _sse("[DONE]") + b"0\r\n\r\n")
@@ -198,8 +199,9 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                 behaviour.completions_seen += 1
                 if behaviour.die_after is not None and behaviour.completions_seen > behaviour.die_after:
                     os._exit(1)  # a server that dies: every connection drops at once
+                arrival = time.time()
                 async with state.slot(request):
-                    await _stream_tokens(writer, request, ttft_s, tbt_s, behaviour)
+                    await _stream_tokens(writer, request, ttft_s, tbt_s, behaviour, arrival)
             await writer.drain()
     writer.close()
 

@@ -157,3 +157,30 @@ def test_write_run_leaves_nothing_behind_on_failure(tmp_path):
         write_run(tmp_path, "bad", config={}, requests=[dataclasses.replace(example_rows()[0], request_id=1)],
                   summary={})
     assert list(tmp_path.iterdir()) == []
+
+
+def queue_rows(rate: float, service_s: float, n: int, prompt: int = 10) -> list[RequestRecord]:
+    """Requests every 1 / rate s into one FIFO server taking service_s each (its first token 0.01 s in):
+    a server that keeps pace when rate * service_s < 1, and falls behind otherwise."""
+    rows, free = [], 0.0
+    for i in range(n):
+        arrival = i / rate
+        start = max(arrival, free)
+        free = start + service_s
+        rows.append(row(f"r{i}", arrival, arrival, [start + 0.01, free], prompt=prompt))
+    return rows
+
+
+def test_pace_summary_sees_a_server_fall_behind_and_one_keep_pace():
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+
+    unloaded = UnloadedTtft(intercept_ms=10.0 - 0.5 * 10, per_prompt_token_ms=0.5)  # 10 ms at 10 tokens
+    kept = summarize(requests_frame(queue_rows(rate=5.0, service_s=0.1, n=100)), unloaded_ttft=unloaded)
+    assert kept["completion_ratio"] == pytest.approx(1.0, abs=0.02) and kept["peak_in_flight"] == 1
+    assert kept["median_client_scheduling_delay_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert kept["client_scheduling_delay_growth_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert kept["arrival_window_s"] == pytest.approx(99 / 5.0)
+    behind = summarize(requests_frame(queue_rows(rate=10.0, service_s=0.2, n=100)), unloaded_ttft=unloaded)
+    assert behind["completion_ratio"] == pytest.approx(0.5, abs=0.02)  # served 5 / s of the 10 / s offered
+    assert behind["peak_in_flight"] > 40 and behind["client_scheduling_delay_growth_ms"] > 2000
+    assert summarize(requests_frame(queue_rows(5.0, 0.1, 10)))["median_client_scheduling_delay_ms"] is None

@@ -1,5 +1,6 @@
 """Capacity search: bracketing + bisection on a synthetic pass/fail boundary, then a real cheap search."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.loadgen.sweep.capacity_search import Point, point_from_summary, probes_left, search
+from stallfree.loadgen.sweep.capacity_search import Point, probes_left, search
 
 BIN = Path(sys.executable).parent
 
@@ -62,24 +63,16 @@ def test_search_reports_unbracketed_bounds():
     assert (nothing.capacity_qps, nothing.lo_qps, nothing.hi_qps) == (0.0, None, 0.2)
 
 
-def test_point_passes_only_within_both_bounds_and_without_failures():
-    base = {"qps": 2.0, "run_id": "r", "p99_tbt_ms": 50.0, "median_scheduling_delay_ms": 100.0, "failed": 0}
-    assert point_from_summary(base, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
-    assert not point_from_summary(base, slo_tbt_ms=40.0, max_delay_ms=2000.0).passed
-    assert not point_from_summary(base, slo_tbt_ms=60.0, max_delay_ms=50.0).passed
-    assert not point_from_summary({**base, "failed": 1}, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
-    assert not point_from_summary({**base, "p99_tbt_ms": None}, slo_tbt_ms=60.0, max_delay_ms=2000.0).passed
-
-
 @pytest.mark.slow
 def test_capacity_search_on_tiny_inprocess(tmp_path):
     """One request at a time (max_num_seqs=1), evenly spaced arrivals: the queue, hence the P50
     scheduling delay, grows past the 50 ms bound once requests arrive faster than they are served
-    (at 512 qps the 16 requests arrive within 30 ms; each takes 32 iterations, ~0.5 ms each here)."""
+    (each takes 32 iterations, ~0.5 ms each here; a point lasts at least 0.5 s)."""
     args = ["scheduler=faster_transformer", "scheduler.max_num_seqs=1", "workload=fixed",
             "workload.lengths.prompt=32", "workload.lengths.output=32", "arrival=constant", "num_requests=16",
             "slo=strict", "slo.tbt_ms=60000", "capacity.start_qps=2", "capacity.min_qps=0.25",
-            "capacity.max_qps=512", "capacity.tolerance=0.5", "capacity.max_p50_scheduling_delay_s=0.05",
+            "capacity.max_qps=128", "capacity.tolerance=0.5", "capacity.max_p50_scheduling_delay_s=0.05",
+            "capacity.min_duration_s=0.5", "capacity.max_requests=128",
             f"results_dir={tmp_path}"]
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
     done = subprocess.run([BIN / "stallfree-capacity", *args], capture_output=True, text=True, env=env,
@@ -111,22 +104,27 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
     from stallfree.loadgen.sweep.bench_schema import load_bench
 
-    capacities, calls, parts = {0: 4.0, 1: 6.0}, [], []
+    capacities, calls, parts, slos = {0: 4.0, 1: 6.0}, [], [], []
+    slo = {"slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None}
+    unloaded = UnloadedTtft(20.0, 0.1)
 
-    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None):
+    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
         calls.append((cfg.seed, cfg.qps, rerun))
         parts.append((cfg.seed, cfg.qps, part))
+        slos.append((slo, unloaded_ttft, cfg.num_requests))
         passed = cfg.qps <= capacities[cfg.seed]
-        return {"qps": cfg.qps, "run_id": f"s{cfg.seed}-q{cfg.qps}-r{rerun}", "failed": 0,
-                "p99_tbt_ms": 10.0 if passed else 1e6, "median_scheduling_delay_ms": 0.0,
-                "disturbed": cfg.seed == 0 and cfg.qps == 2.0 and not rerun}
+        return {"qps": cfg.qps, "run_id": f"s{cfg.seed}-q{cfg.qps}-r{rerun}", "completed": cfg.num_requests,
+                "failed": 0, "p99_tbt_ms": 10.0 if passed else 1e6, "median_scheduling_delay_ms": 0.0,
+                "completion_ratio": 1.0, "peak_in_flight": 1, "median_client_scheduling_delay_ms": 0.0,
+                "client_scheduling_delay_growth_ms": 0.0, "disturbed": cfg.seed == 0 and cfg.qps == 2.0 and not rerun}
 
     monkeypatch.setattr(capacity, "run_point", fake_run_point)
-    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {
-        "slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None})
+    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: slo)
+    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (unloaded, {"intercept_ms": 20.0}))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = load_bench(compose("bench", ["+experiment=capacity", "repeats=2", "capacity.tolerance=0.05",
                                 f"results_dir={tmp_path}"]))
@@ -139,3 +137,46 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     assert record["capacity_qps"] == pytest.approx((lo + hi) / 2)
     assert record["capacity_ci_lo"] < record["capacity_qps"] < record["capacity_ci_hi"]
     assert json.loads((tmp_path / "capacity" / "capacity.json").read_text()) == [record]
+    # one SLO and one unloaded TTFT for every point; each point lasts >= min_duration_s (20 s by default)
+    assert all(s is slo and u is unloaded for s, u, _ in slos)
+    assert all(n == max(64, math.ceil(qps * 20)) for (_, qps, _), (_, _, n) in zip(calls, slos, strict=True))
+    assert (record["capacity_bound"], record["capacity_display"]) == ("exact", f"{record['capacity_qps']:.3g} qps")
+
+
+def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.loadgen.sweep import capacity_search as capacity
+    from stallfree.loadgen.sweep.bench_schema import load_bench
+
+    sent = []
+
+    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
+        sent.append((cfg.qps, cfg.num_requests))
+        return {"qps": cfg.qps, "run_id": f"q{cfg.qps}-n{cfg.num_requests}", "completed": cfg.num_requests,
+                "failed": 0, "p99_tbt_ms": 10.0, "median_scheduling_delay_ms": None, "completion_ratio": 1.0,
+                "peak_in_flight": 50, "median_client_scheduling_delay_ms": 0.0,
+                "client_scheduling_delay_growth_ms": 0.0}
+
+    monkeypatch.setattr(capacity, "run_point", fake_run_point)
+    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {"slo_name": "strict",
+                                                                                "slo_tbt_ms": 100.0})
+    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (UnloadedTtft(1.0, 0.0), {}))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.start_qps=4", "capacity.max_qps=8",
+                                           "capacity.max_requests=256", "capacity.min_duration_s=20",
+                                           f"results_dir={tmp_path}"]))
+    record = capacity.run_search(cfg, targets=None)
+    # 4 x 50 in flight = 200 requests: 4 qps measured again with 200; 8 qps (160) with twice as many, capped
+    assert sent == [(4.0, 80), (4.0, 200), (8.0, 160), (8.0, 256)]
+    assert [p["passed"] for p in record["points"]] == [True, True] and record["capacity_display"].startswith(">= 8")
+
+
+def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again():
+    from stallfree.loadgen.sweep.point import must_rerun
+
+    assert must_rerun("none", {"capacity_search": "strict", "p99_tbt_ms": 10.0})  # an earlier version's point
+    assert not must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0})
+    assert not must_rerun("none", {"capacity_search": None})  # a plain run keeps its summary
