@@ -10,7 +10,6 @@ run's config.yaml, and run ids hash its sections, so both stay what they were.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +25,12 @@ from stallfree.engine.hydra_groups import (
     require,
     typed,
 )
+from stallfree.loadgen.sweep.search_groups import CapacityGroup, CompareGroup, positive
 
 MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
 G = TypeVar("G")
-
-
-def _positive(key: str, value: float | None, optional: bool = False) -> None:
-    if not (optional and value is None):
-        require(is_number(value) and value > 0, key, "a number > 0" + (" or null" if optional else ""), value)
 
 
 @dataclass
@@ -92,12 +87,12 @@ class TargetGroup:
         from stallfree.loadgen.targets import target_class
 
         target_class(self.kind)
-        _positive("target.timeout_s", self.timeout_s)
+        positive("target.timeout_s", self.timeout_s)
         require(self.max_in_flight is None or self.max_in_flight >= 1, "target.max_in_flight",
                 "an integer >= 1 or null", self.max_in_flight)
         require(self.endpoint is None or self.endpoint in ENDPOINT_PATHS, "target.endpoint",
                 f"one of {sorted(ENDPOINT_PATHS)}", self.endpoint)
-        _positive("target.metrics_interval_s", self.metrics_interval_s, optional=True)
+        positive("target.metrics_interval_s", self.metrics_interval_s, optional=True)
         require(0 <= self.client_nice <= 19, "target.client_nice", "an integer in [0, 19]", self.client_nice)
         for key in ("token_ids", "ignore_eos"):  # YAML's true / false arrive as "True" / "False"
             setattr(self, key, str(getattr(self, key)).lower())
@@ -126,9 +121,9 @@ class SloGroup:
     def __post_init__(self) -> None:
         from stallfree.loadgen.results.request_metrics import parse_goodput
 
-        _positive("slo.tbt_multiple", self.tbt_multiple)
+        positive("slo.tbt_multiple", self.tbt_multiple)
         for key in ("tbt_ms", "reference_ms", "ttft_ms"):
-            _positive(f"slo.{key}", getattr(self, key), optional=True)
+            positive(f"slo.{key}", getattr(self, key), optional=True)
         try:
             parse_goodput(self.goodput)
         except ValueError as e:
@@ -158,61 +153,7 @@ class DecodeProbe:
             require(getattr(self, key) >= 1, f"decode_probe.{key}", "an integer >= 1", getattr(self, key))
         require(is_number(self.quantile) and 0 <= self.quantile <= 1, "decode_probe.quantile", "a number in [0, 1]",
                 self.quantile)
-        _positive("decode_probe.max_spread", self.max_spread)
-
-
-@dataclass
-class CapacityGroup:
-    """mode=capacity (loadgen.sweep.capacity_search; the rules a point passes: loadgen.sweep.keep_pace)."""
-
-    start_qps: float
-    min_qps: float
-    max_qps: float
-    tolerance: float
-    max_p50_scheduling_delay_s: float
-    min_completion_ratio: float  # completion rate / offered rate over the steady window
-    max_delay_growth_s: float  # client-side scheduling delay: last third - first third of the steady window
-    min_duration_s: float  # a point at qps q sends max(num_requests, q x min_duration_s) requests ...
-    max_requests: int  # ... and at most this many
-    min_requests_per_in_flight: float  # a point sends at least this many times its peak in-flight requests
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            _positive(f"capacity.{f.name}", getattr(self, f.name))
-        require(self.min_qps <= self.start_qps <= self.max_qps, "capacity.start_qps",
-                f"within [capacity.min_qps={self.min_qps}, capacity.max_qps={self.max_qps}]", self.start_qps)
-        require(self.min_completion_ratio <= 1, "capacity.min_completion_ratio", "a number in (0, 1]",
-                self.min_completion_ratio)
-        need = math.ceil(self.max_qps * self.min_duration_s)
-        require(self.max_requests >= need, "capacity.max_requests",
-                f">= capacity.max_qps x capacity.min_duration_s = {need} (a point at max_qps sends that many "
-                "requests to last min_duration_s; lower max_qps or min_duration_s, or raise max_requests)",
-                self.max_requests)
-
-    def num_requests(self, qps: float, num_requests: int) -> int:
-        """The requests of a point at ``qps``: enough to last min_duration_s, at least num_requests."""
-        return min(max(num_requests, math.ceil(qps * self.min_duration_s)), self.max_requests)
-
-    def longer(self, num_requests: int, peak_in_flight: int) -> int:
-        """The requests of a point measured again because its ``num_requests`` were fewer than
-        min_requests_per_in_flight x its peak in-flight requests: that many, and at least twice as many (a
-        server falling behind keeps more in flight the longer it runs), at most max_requests."""
-        wanted = max(math.ceil(self.min_requests_per_in_flight * peak_in_flight), 2 * num_requests)
-        return min(wanted, self.max_requests)
-
-
-@dataclass
-class CompareGroup:
-    """mode=compare (conf/experiment/compare.yaml): the job's contender (conf/contender/) and the QPS points
-    it measures before its capacity search (loadgen.sweep.side_by_side)."""
-
-    qps: list[float]
-    contender: str  # its file name, set by the contender's config
-    vllm_url: str | None = None  # the vllm_url contender's server
-
-    def __post_init__(self) -> None:
-        require(bool(self.qps) and all(is_number(q) and q > 0 for q in self.qps), "compare.qps",
-                "a non-empty list of numbers > 0", self.qps)
+        positive("decode_probe.max_spread", self.max_spread)
 
 
 @dataclass
@@ -249,7 +190,7 @@ class BenchConfig:
         require(self.mode != "compare" or self.compare is not None, "mode",
                 "'compare' only with +experiment=compare (it sets compare.qps)", self.mode)
         require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
-        _positive("qps", self.qps)
+        positive("qps", self.qps)
         for key in ("chunk_size", "num_requests", "repeats"):
             require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
         require(0 <= self.warmup < self.num_requests, "warmup", f"an integer in [0, num_requests={self.num_requests})",

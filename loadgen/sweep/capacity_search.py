@@ -31,18 +31,19 @@ from stallfree.loadgen.results.capacity_bound import capacity_text, mean_bound, 
 from stallfree.loadgen.results.repeat_stats import mean_interval
 from stallfree.loadgen.results.request_metrics import UnloadedTtft
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_schema import BenchConfig, CapacityGroup
+from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.keep_pace import checks, reason
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
 from stallfree.loadgen.sweep.progress import RunPart
+from stallfree.loadgen.sweep.search_groups import CapacityGroup
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
-_searched: dict[str, str] = {}  # the searches this process ran: record key -> the job that ran it
+_searched: dict[Path, str] = {}  # the searches this process ran: record file -> the job that ran it
 
 
 @dataclass
@@ -198,11 +199,11 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     plan = plan_run(cfg, capacity_slo=cfg.slo.name)
     key = make_run_id({"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
                        "slo": cfg.slo.name, "cfg": plan.digest})
-    job = f"scheduler={cfg.scheduler.name} slo={cfg.slo.name}"
-    if key in _searched:
-        print(f"[capacity] {job}: same search as {_searched[key]} ({plan.params['scheduler']}), not run again",
-              flush=True)
-        return json.loads((exp_dir / ".capacity" / f"{key}.json").read_text())
+    job, record_path = f"scheduler={cfg.scheduler.name} slo={cfg.slo.name}", exp_dir / ".capacity" / f"{key}.json"
+    if record_path in _searched and record_path.is_file():
+        print(f"[capacity] {job}: same search as {_searched[record_path]} ({plan.params['scheduler']}), "
+              "not run again", flush=True)
+        return json.loads(record_path.read_text())
     slo = resolve_slo(cfg, exp_dir, targets)  # once: every point of every repeat is judged against it
     unloaded, unloaded_record = cached_unloaded_ttft(cfg, exp_dir, targets)
     results = [_search_one(repeat_cfg, targets, slo, unloaded, repeat)
@@ -221,9 +222,9 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
               **{k: plan.params[k] for k in RUN_PARAMS},
               "points": [asdict(p) for r in results for p in r.points]}
     with experiment_lock(exp_dir):
-        _write_atomic(exp_dir / ".capacity" / f"{key}.json", record)
+        _write_atomic(record_path, record)
         rebuild_capacity_json(exp_dir)
-    _searched[key] = job
+    _searched[record_path] = job
     spread = f" [95% CI {interval.lo:.3g}, {interval.hi:.3g}]" if len(results) > 1 and bound == "exact" else ""
     chunk = "" if plan.params["chunk_size"] is None else f" chunk_size={plan.params['chunk_size']}"
     print(f"[capacity] {plan.params['scheduler']}{chunk} slo={cfg.slo.name} "

@@ -1,0 +1,68 @@
+"""The groups of the bench config that shape a search: ``capacity`` (mode=capacity and mode=compare) and
+``compare`` (mode=compare); and ``positive``, the range check the bench config's groups share."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from stallfree.engine.hydra_groups import is_number, require
+
+
+def positive(key: str, value: float | None, optional: bool = False) -> None:
+    if not (optional and value is None):
+        require(is_number(value) and value > 0, key, "a number > 0" + (" or null" if optional else ""), value)
+
+
+@dataclass
+class CapacityGroup:
+    """mode=capacity (loadgen.sweep.capacity_search; the rules a point passes: loadgen.sweep.keep_pace)."""
+
+    start_qps: float
+    min_qps: float
+    max_qps: float
+    tolerance: float
+    max_p50_scheduling_delay_s: float
+    min_completion_ratio: float  # completion rate / offered rate over the steady window
+    max_delay_growth_s: float  # client-side scheduling delay: last third - first third of the steady window
+    min_duration_s: float  # a point at qps q sends max(num_requests, q x min_duration_s) requests ...
+    max_requests: int  # ... and at most this many
+    min_requests_per_in_flight: float  # a point sends at least this many times its peak in-flight requests
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            positive(f"capacity.{f.name}", getattr(self, f.name))
+        require(self.min_qps <= self.start_qps <= self.max_qps, "capacity.start_qps",
+                f"within [capacity.min_qps={self.min_qps}, capacity.max_qps={self.max_qps}]", self.start_qps)
+        require(self.min_completion_ratio <= 1, "capacity.min_completion_ratio", "a number in (0, 1]",
+                self.min_completion_ratio)
+        need = math.ceil(self.max_qps * self.min_duration_s)
+        require(self.max_requests >= need, "capacity.max_requests",
+                f">= capacity.max_qps x capacity.min_duration_s = {need} (a point at max_qps sends that many "
+                "requests to last min_duration_s; lower max_qps or min_duration_s, or raise max_requests)",
+                self.max_requests)
+
+    def num_requests(self, qps: float, num_requests: int) -> int:
+        """The requests of a point at ``qps``: enough to last min_duration_s, at least num_requests."""
+        return min(max(num_requests, math.ceil(qps * self.min_duration_s)), self.max_requests)
+
+    def longer(self, num_requests: int, peak_in_flight: int) -> int:
+        """The requests of a point measured again because its ``num_requests`` were fewer than
+        min_requests_per_in_flight x its peak in-flight requests: that many, and at least twice as many (a
+        server falling behind keeps more in flight the longer it runs), at most max_requests."""
+        wanted = max(math.ceil(self.min_requests_per_in_flight * peak_in_flight), 2 * num_requests)
+        return min(wanted, self.max_requests)
+
+
+@dataclass
+class CompareGroup:
+    """mode=compare (conf/experiment/compare.yaml): the job's contender (conf/contender/) and the QPS points
+    it measures before its capacity search (loadgen.sweep.side_by_side)."""
+
+    qps: list[float]
+    contender: str  # its file name, set by the contender's config
+    vllm_url: str | None = None  # the vllm_url contender's server
+
+    def __post_init__(self) -> None:
+        require(bool(self.qps) and all(is_number(q) and q > 0 for q in self.qps), "compare.qps",
+                "a non-empty list of numbers > 0", self.qps)
