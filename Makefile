@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo paper test test-fast lint docs bench notebooks wheel-check clean
+.PHONY: setup demo paper test test-slow test-fast lint docs bench notebooks wheel-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,8 +41,12 @@ paper: setup
 	$(BIN)/stallfree-bench +experiment=paper_ablation hydra/launcher=local_parallel
 	$(BIN)/stallfree-report results/paper
 
+# The suite without the tests marked slow (under 10 minutes on a 2-core machine); CI runs both halves.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
 
 test-fast: setup
 	STALLFREE_SKIP_SLOW=1 $(BIN)/python -m pytest -q -x
