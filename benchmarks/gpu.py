@@ -26,6 +26,7 @@ import json
 import re
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -213,24 +214,10 @@ def ratio(a: dict, b: dict) -> float | None:
     return a["output_tok_s"] / b["output_tok_s"] if "output_tok_s" in a and "output_tok_s" in b else None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes and workload (the same path; CI runs it on CPU)")
-    ap.add_argument("--out", help="result JSON (default benchmarks/results/gpu_<device>.json; smoke: a temp file)")
-    args = ap.parse_args()
-    started = time.perf_counter()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = SMOKE_SHAPE if args.smoke else MISTRAL_7B
-    num_requests, prompt_len, max_tokens = (8, 64, 8) if args.smoke else (128, 1024, 128)
-    result: dict = {"device": device_name(device), "dtype": str(dtype), "smoke": args.smoke, "shape": shape,
-                    "torch": torch.__version__,
-                    "workload": {"num_requests": num_requests, "prompt_len": prompt_len, "max_tokens": max_tokens}}
-    stages = result["stage_seconds"] = {}  # seconds since the start at the end of each stage: the 5-minute budget
-
-    def stage(name: str) -> None:
-        stages[name] = round(time.perf_counter() - started, 1)
-
+def measure(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, shape: dict,
+            workload: tuple[int, int, int], result: dict, stage) -> None:
+    """Every figure of the run into ``result``, calling ``stage(name)`` after each stage."""
+    num_requests, prompt_len, max_tokens = workload
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, shape["vocab_size"], (num_requests, prompt_len), generator=g).tolist()
     with tempfile.TemporaryDirectory() as tmp:
@@ -269,6 +256,39 @@ def main() -> None:
         result["offline_hf_continuous_batching"] = hf_continuous_batching(path, prompts, max_tokens, device, dtype,
                                                                            args.smoke)
     stage("offline_hf")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes and workload (the same path; CI runs it on CPU)")
+    ap.add_argument("--out", help="result JSON (default benchmarks/results/gpu_<device>.json; smoke: a temp file)")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape = SMOKE_SHAPE if args.smoke else MISTRAL_7B
+    num_requests, prompt_len, max_tokens = (8, 64, 8) if args.smoke else (128, 1024, 128)
+    result: dict = {"device": device_name(device), "dtype": str(dtype), "smoke": args.smoke, "shape": shape,
+                    "torch": torch.__version__,
+                    "workload": {"num_requests": num_requests, "prompt_len": prompt_len, "max_tokens": max_tokens}}
+    stages = result["stage_seconds"] = {}  # seconds since the start at the end of each stage: the 5-minute budget
+    out = Path(args.out or (Path(tempfile.gettempdir()) / f"gpu_{result['device']}_smoke.json" if args.smoke
+                            else f"benchmarks/results/gpu_{result['device']}.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def stage(name: str) -> None:  # the JSON so far is on disk after every stage: a later failure keeps it
+        stages[name] = round(time.perf_counter() - started, 1)
+        out.write_text(json.dumps(result, indent=2))
+
+    try:
+        measure(args, device, dtype, shape, (num_requests, prompt_len, max_tokens), result, stage)
+    except Exception:  # noqa: BLE001 - a device run is rare: keep what was measured and say where it broke
+        result["error"] = traceback.format_exc()
+        result["verdict"] = "FAIL"
+        stage("failed")
+        print(result["error"], f"FAIL: kept the figures measured before it in {out}", sep="\n")
+        raise SystemExit(1) from None
+
     figures = {**result["iterations"],
                "offline_sarathi_over_vllm": ratio(result["offline_sarathi_512"], result["offline_vllm"]),
                "offline_sarathi_over_hf_continuous_batching": ratio(result["offline_sarathi_512"],
@@ -278,9 +298,6 @@ def main() -> None:
     passed = result["greedy_vs_hf"]["equal"] and (
         args.smoke or all(t["verdict"] == "PASS" for t in result["targets"].values()))
     result["verdict"] = "PASS" if passed else "FAIL"
-    out = Path(args.out or (Path(tempfile.gettempdir()) / f"gpu_{result['device']}_smoke.json" if args.smoke
-                            else f"benchmarks/results/gpu_{result['device']}.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(("smoke run: the targets are GPU targets, shown but not judged\n" if args.smoke else "")
           + "\n".join(f"{t['verdict']:4}  {name} = {t['value']} (target {t['target']})"
