@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.lib.gpu_checks import CHECK_SHAPE, SMOKE_SHAPE, greedy_check, judge, write_checkpoint
+from benchmarks.lib.gpu_diagnosis import diagnose
 from stallfree.engine import LLM, SamplingParams
 from stallfree.engine.model.presets import SHAPE_PRESETS
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
@@ -214,12 +215,16 @@ def ratio(a: dict, b: dict) -> float | None:
     return a["output_tok_s"] / b["output_tok_s"] if "output_tok_s" in a and "output_tok_s" in b else None
 
 
+def prompts_of(shape: dict, num_requests: int, prompt_len: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(3, shape["vocab_size"], (num_requests, prompt_len), generator=g).tolist()
+
+
 def measure(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, shape: dict,
             workload: tuple[int, int, int], result: dict, stage) -> None:
     """Every figure of the run into ``result``, calling ``stage(name)`` after each stage."""
     num_requests, prompt_len, max_tokens = workload
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, shape["vocab_size"], (num_requests, prompt_len), generator=g).tolist()
+    prompts = prompts_of(shape, num_requests, prompt_len)
     with tempfile.TemporaryDirectory() as tmp:
         check_path = write_checkpoint(SMOKE_SHAPE if args.smoke else CHECK_SHAPE, Path(tmp) / "check", device,
                                       torch.float32)
@@ -261,6 +266,8 @@ def measure(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and workload (the same path; CI runs it on CPU)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="only where the offline run's time goes (benchmarks/lib/gpu_diagnosis.py; --smoke runs it on the CPU)")
     ap.add_argument("--out", help="result JSON (default benchmarks/results/gpu_<device>.json; smoke: a temp file)")
     args = ap.parse_args()
     started = time.perf_counter()
@@ -281,6 +288,13 @@ def main() -> None:
         out.write_text(json.dumps(result, indent=2))
 
     try:
+        if args.diagnose:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = write_checkpoint(shape, Path(tmp) / "model", device, dtype)
+                result["diagnosis"] = diagnose(str(path), prompts_of(shape, num_requests, prompt_len), max_tokens,
+                                               engine_kwargs(device, dtype))
+            stage("diagnosis")
+            raise SystemExit(0)
         measure(args, device, dtype, shape, (num_requests, prompt_len, max_tokens), result, stage)
     except Exception:  # noqa: BLE001 - a device run is rare: keep what was measured and say where it broke
         result["error"] = traceback.format_exc()
