@@ -47,3 +47,18 @@ def test_judge_gives_pass_fail_and_skip():
     assert verdicts["prefill_512_mfu"]["verdict"] == "PASS"  # the limit itself passes
     assert verdicts["offline_sarathi_over_hf_continuous_batching"]["verdict"] == "SKIP"
     assert verdicts["hybrid_over_prefill_512"]["verdict"] == "SKIP"
+
+
+@pytest.mark.slow
+def test_diagnose_smoke_run_splits_the_run_by_phase(tmp_path):
+    out = tmp_path / "gpu_diagnosis.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--smoke", "--diagnose", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    diagnosis = json.loads(out.read_text())["diagnosis"]
+    assert set(diagnosis["offline_tok_s"]) == {"sarathi_512", "sarathi_1024", "sarathi_2048", "vllm_4096"}
+    assert diagnosis["over_vllm"]["vllm_4096"] == 1.0
+    profile = diagnosis["sarathi_512_profile_32_requests_64_tokens"]
+    assert {"schedule", "prepare_host_batch", "to_device", "forward", "sample", "update_from_output"} <= set(
+        profile["phases"])
+    assert profile["phases"]["forward"]["calls"] >= 64 and profile["phases"]["forward"]["host_ms"] > 0
