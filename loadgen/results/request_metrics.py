@@ -128,6 +128,27 @@ def _steady_rate(times: pd.Series) -> float | None:
     return (hi - lo) * len(times) / span if span > 0 else None
 
 
+def _steady_window(sends: pd.Series) -> tuple[float, float]:
+    lo, hi = (float(q) for q in sends.quantile(list(STEADY_QUANTILES)))
+    return lo, hi
+
+
+def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame) -> tuple[float | None, float | None]:
+    """(completion rate, completion ratio) of the steady window's requests: those that ended ok within the
+    window shifted by their median latency. Rating the finishes by their own quantile span instead overstates
+    a burst the server absorbed at once, whose requests all finish together (a ratio far above 1)."""
+    if df["intended_send_time"].count() < 2:
+        return None, None
+    lo, hi = _steady_window(df["intended_send_time"])
+    window = df[df["intended_send_time"].between(lo, hi)]
+    done = ok[ok["intended_send_time"].between(lo, hi)]
+    if hi <= lo or window.empty or done.empty:
+        return None, None
+    shift = float((done["finish_time"] - done["intended_send_time"]).median())
+    kept = int(done["finish_time"].between(lo + shift, hi + shift).sum())
+    return kept / (hi - lo), kept / len(window)
+
+
 def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
     """The most requests sent and not yet ended at any one time (a request ends at its finish time)."""
     sent = send.notna()
@@ -136,25 +157,27 @@ def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
 
 
 def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict:
-    """Whether the server kept pace (``per_request_metrics`` rows): ``steady_offered_rate`` and
-    ``steady_completion_rate`` (requests/s between the STEADY_QUANTILES of the intended sends / of the ok
-    requests' finishes) and their ``completion_ratio``; ``peak_in_flight``; ``arrival_window_s`` (last -
-    first intended send). With ``unloaded``: the client-side scheduling delay of each ok request (TTFT -
-    unloaded TTFT of its prompt length), its median ``median_client_scheduling_delay_ms`` and
-    ``client_scheduling_delay_growth_ms``: the median over the last third of the steady window's requests
-    (by intended send) minus the median over its first third, positive when a queue builds up."""
+    """Whether the server kept pace (``per_request_metrics`` rows): ``steady_offered_rate`` (requests/s
+    between the STEADY_QUANTILES of the intended sends: the steady window), ``steady_completion_rate`` (the
+    window's requests that ended ok within the window shifted by their median latency, per second of the
+    window; a request that keeps pace ends one latency after it was sent) and ``completion_ratio`` (the two
+    over each other: the fraction of the window's requests that did, at most 1, however the finishes
+    bunch up); ``peak_in_flight``; ``arrival_window_s`` (last - first intended send). With ``unloaded``:
+    the client-side scheduling delay of each ok request (TTFT - unloaded TTFT of its prompt length), its
+    median ``median_client_scheduling_delay_ms`` and ``client_scheduling_delay_growth_ms``: the median over
+    the last third of the steady window's requests (by intended send) minus the median over its first
+    third, positive when a queue builds up."""
     ok = df[df["status"] == "ok"]
-    offered, completed = _steady_rate(df["intended_send_time"]), _steady_rate(ok["finish_time"])
     sends = df["intended_send_time"]
-    out = {"steady_offered_rate": offered, "steady_completion_rate": completed,
-           "completion_ratio": completed / offered if offered and completed else None,
+    offered, (completed, ratio) = _steady_rate(sends), _steady_completion(df, ok)
+    out = {"steady_offered_rate": offered, "steady_completion_rate": completed, "completion_ratio": ratio,
            "peak_in_flight": peak_in_flight(df["send_time"], df["finish_time"]),
            "arrival_window_s": float(sends.max() - sends.min()) if len(df) else None,
            "median_client_scheduling_delay_ms": None, "client_scheduling_delay_growth_ms": None}
     if unloaded is None or ok.empty:
         return out
     delay = ok["ttft_ms"] - unloaded.at(ok["prompt_tokens"].astype(float))
-    lo, hi = (float(q) for q in sends.quantile(list(STEADY_QUANTILES)))
+    lo, hi = _steady_window(sends)
     in_window = ok["intended_send_time"].between(lo, hi)
     steady = (ok.assign(delay=delay)[in_window].sort_values("intended_send_time", kind="stable")["delay"]
               .to_numpy())

@@ -55,7 +55,7 @@ class Point:
     failed: int = 0  # failed requests
     run_id: str | None = None  # the point's run directory in the experiment
     num_requests: int | None = None  # sent: max(num_requests, qps x capacity.min_duration_s), capped
-    completion_ratio: float | None = None  # completion rate / offered rate over the steady window
+    completion_ratio: float | None = None  # the steady window's requests that kept pace (request_metrics; <= 1)
     median_client_scheduling_delay_ms: float | None = None  # TTFT - the unloaded TTFT of the prompt's length
     client_scheduling_delay_growth_ms: float | None = None  # last third - first third of the steady window
     failed_rules: list[str] = field(default_factory=list)  # loadgen.sweep.keep_pace rule names

@@ -184,3 +184,14 @@ def test_pace_summary_sees_a_server_fall_behind_and_one_keep_pace():
     assert behind["completion_ratio"] == pytest.approx(0.5, abs=0.02)  # served 5 / s of the 10 / s offered
     assert behind["peak_in_flight"] > 40 and behind["client_scheduling_delay_growth_ms"] > 2000
     assert summarize(requests_frame(queue_rows(5.0, 0.1, 10)))["median_client_scheduling_delay_ms"] is None
+
+
+def test_a_burst_absorbed_at_once_finishing_together_keeps_the_completion_ratio_at_most_1():
+    # 100 requests sent over 10 s, all taken into one batch and finishing within 0.5 s of each other at the
+    # end: rating the finishes by their own span would read 16x the offered rate.
+    rows = [row(f"r{i}", i / 10, i / 10, [10.0 + i / 200, 10.5 + i / 200]) for i in range(100)]
+    summary = summarize(requests_frame(rows))
+    assert summary["completion_ratio"] is not None and summary["completion_ratio"] <= 1.0
+    failed = [row(f"f{i}", i / 10, i / 10, [i / 10 + 0.05, i / 10 + 0.1], status="error" if i % 2 else "ok")
+              for i in range(100)]
+    assert summarize(requests_frame(failed))["completion_ratio"] == pytest.approx(0.5, abs=0.03)
