@@ -1,6 +1,6 @@
 """The one schema of a batch row: a BatchRecord (engine/outputs.py), one per engine iteration, whichever way
 it came (the in-process engine's records as dicts, the server's ``GET /stallfree/batches`` JSON) and
-wherever it goes (batches.parquet, ``analysis.load.load_batches``).
+wherever it goes (batches.parquet, analysis/load.py:load_batches).
 
 ``analysis`` must not import the engine, so the columns are spelled out here rather than read off the
 dataclass; tests/loadgen/results/test_batch_rows.py checks them against BatchRecord's fields (names, order,
