@@ -10,6 +10,8 @@ import torch
 
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
+from stallfree.engine.fitting.cost_model import CostModel
+from stallfree.engine.fitting.profile import resolve_cost_model
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
@@ -17,10 +19,8 @@ from stallfree.engine.outputs import BatchRecord, RequestOutput
 from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
 from stallfree.engine.request_limits import check_context_length, check_prompt_ids
 from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner
 from stallfree.engine.runner.isolation import execute_isolating
-from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
