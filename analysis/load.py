@@ -29,7 +29,9 @@ RUN_KEYS = ["experiment", "run_id", "scheduler", "chunk_size", "qps"]
 METRIC_COLUMNS = ["output_throughput", "p99_tbt_ms", "median_ttft_ms", "p99_ttft_ms",
                   "median_scheduling_delay_ms", "slo_tbt_ms", "slo_ttft_ms", "decode_iter_ms"]
 DERIVED_BATCH_COLUMNS = ("iteration_ms", "num_tokens", "kind", "decode_stall")  # load_batches adds them
-POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill")
+# The scheduler registry's policies (engine.scheduler.SCHEDULERS, which analysis may not import) in the order
+# figures list them; tests/analysis/test_policies.py checks they are the registry's names.
+POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill", "hybrid")
 NO_CHUNK = "none"
 
 Source = str | Path | Iterable[str | Path] | pd.DataFrame
