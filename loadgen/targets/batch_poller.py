@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from stallfree.loadgen.results.batch_rows import check_rows
+from stallfree.loadgen.results.batch_rows import BatchSchemaError, check_rows
 
 PAGE_LIMIT = 2000  # records per request
 POLL_INTERVAL_S = 2.0
@@ -31,6 +31,8 @@ class BatchPoller:
                 self.fetch()
             except httpx.HTTPError:
                 pass  # a busy or restarting server: the next poll (or the final fetch) catches up
+            except BatchSchemaError:
+                return  # rows of another schema: the final fetch raises it where the run can report it
 
     def fetch(self) -> None:
         """Every page from the last record seen to the newest."""
