@@ -27,6 +27,7 @@ BATCH_SCHEMA = pa.schema([
     ("linear_s", _FLOAT), ("attention_s", _FLOAT), ("other_s", _FLOAT),
 ])
 BATCH_COLUMNS: tuple[str, ...] = tuple(BATCH_SCHEMA.names)
+_COLUMN_SET = frozenset(BATCH_COLUMNS)
 
 
 class BatchSchemaError(ValueError):
@@ -48,13 +49,14 @@ def check_rows(rows: list[dict], source: str) -> list[dict]:
     """``rows`` unchanged if each has exactly BATCH_SCHEMA's columns; else BatchSchemaError naming ``source``
     and the columns that differ."""
     for row in rows:
-        _check_columns(row, source, allow_missing=False)
+        if row.keys() != _COLUMN_SET:
+            _check_columns(row, source, allow_missing=False)
     return rows
 
 
 def write_batches(rows: list[dict], path: Path) -> None:
     """batches.parquet from BatchRecord rows, typed by BATCH_SCHEMA."""
-    pq.write_table(pa.Table.from_pylist(check_rows(rows, str(path)), schema=BATCH_SCHEMA), path)
+    pq.write_table(pa.Table.from_pylist(check_rows(rows, path.name), schema=BATCH_SCHEMA), path)
 
 
 def read_batches(path: Path) -> pd.DataFrame:
