@@ -15,19 +15,23 @@ is null for a policy that does not chunk.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from stallfree.analysis.vllm_format import read_vllm_results
+from stallfree.loadgen.results.batch_rows import BATCH_COLUMNS, read_batches
 from stallfree.loadgen.results.request_metrics import request_metrics
 
 RUN_KEYS = ["experiment", "run_id", "scheduler", "chunk_size", "qps"]
 METRIC_COLUMNS = ["output_throughput", "p99_tbt_ms", "median_ttft_ms", "p99_ttft_ms",
                   "median_scheduling_delay_ms", "slo_tbt_ms", "slo_ttft_ms", "decode_iter_ms"]
-POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill")
+DERIVED_BATCH_COLUMNS = ("iteration_ms", "num_tokens", "kind", "decode_stall")  # load_batches adds them
+# The scheduler registry's policies (engine.scheduler.SCHEDULERS, which analysis may not import) in the order
+# figures list them; tests/analysis/test_policies.py checks they are the registry's names.
+POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill", "hybrid")
 NO_CHUNK = "none"
 
 Source = str | Path | Iterable[str | Path] | pd.DataFrame
@@ -115,9 +119,9 @@ def load_batches(source: Source) -> pd.DataFrame:
     iteration ran) and `decode_stall`: a prefill-only iteration while other requests were running,
     i.e. `num_running > num_prefill_seqs` -- those requests got no token this iteration.
     """
-    batches = _per_run(source, "batches.parquet")
+    batches = _per_run(source, "batches.parquet", read_batches)
     if batches.empty:
-        return batches.reindex(columns=[*RUN_KEYS, "start_time", "end_time", "iteration_ms", "kind"])
+        return batches.reindex(columns=[*RUN_KEYS, *BATCH_COLUMNS, *DERIVED_BATCH_COLUMNS])
     prefill = batches["num_prefill_tokens"] > 0
     decode = batches["num_decode_tokens"] > 0
     kind = np.select([prefill & decode, prefill], ["hybrid", "prefill"], "decode")
@@ -194,9 +198,10 @@ def _tidy_runs(runs: pd.DataFrame) -> pd.DataFrame:
             .drop(columns="_order").reset_index(drop=True))
 
 
-def _per_run(source: Source, filename: str) -> pd.DataFrame:
-    """Concatenates `filename` of every run that has one, each row tagged with its run keys."""
-    frames = [pd.read_parquet(Path(run["run_dir"]) / filename).assign(**{k: run[k] for k in RUN_KEYS})
+def _per_run(source: Source, filename: str,
+             read: Callable[[Path], pd.DataFrame] = pd.read_parquet) -> pd.DataFrame:
+    """Concatenates `filename` of every run that has one (as `read` reads it), each row tagged with its run keys."""
+    frames = [read(Path(run["run_dir"]) / filename).assign(**{k: run[k] for k in RUN_KEYS})
               for run in load_runs(source).to_dict("records")
               if isinstance(run["run_dir"], str) and (Path(run["run_dir"]) / filename).is_file()]
     if not frames:

@@ -16,27 +16,29 @@ _EXPORTS = {
     "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.outputs",
     "TokenLogprob": "stallfree.engine.request",
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
-    "CostModel": "stallfree.engine.runner.cost_model", "IterationFeatures": "stallfree.engine.runner.cost_model",
-    "profile_cost_model": "stallfree.engine.runner.profile", "check_speed": "stallfree.engine.runner.speed_check",
+    "CostModel": "stallfree.engine.fitting.cost_model", "IterationFeatures": "stallfree.engine.fitting.cost_model",
+    "profile_cost_model": "stallfree.engine.fitting.profile", "check_speed": "stallfree.engine.fitting.speed_check",
     "first_lone_surrogate": "stallfree.engine.tokenizer", "choose_dtype": "stallfree.engine.device",
+    "Deployment": "stallfree.engine.simulator.deployment",
 }
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
            "RequestMetrics", "RequestStatus", "RequestOutput", "TokenLogprob", "BatchRecord", "SCHEDULERS", "resolve_model_path",
            "CostModel", "IterationFeatures", "profile_cost_model", "check_speed", "first_lone_surrogate",
-           "choose_dtype"]
+           "choose_dtype", "Deployment"]
 
 if TYPE_CHECKING:
     from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from stallfree.engine.device import choose_dtype
     from stallfree.engine.engine import LLMEngine
+    from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
+    from stallfree.engine.fitting.profile import profile_cost_model
+    from stallfree.engine.fitting.speed_check import check_speed
     from stallfree.engine.llm import LLM
     from stallfree.engine.model.presets import resolve_model_path
     from stallfree.engine.outputs import BatchRecord, RequestOutput
     from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams, TokenLogprob
-    from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
-    from stallfree.engine.runner.profile import profile_cost_model
-    from stallfree.engine.runner.speed_check import check_speed
     from stallfree.engine.scheduler import SCHEDULERS
+    from stallfree.engine.simulator.deployment import Deployment
     from stallfree.engine.tokenizer import first_lone_surrogate
 
 

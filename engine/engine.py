@@ -10,16 +10,17 @@ import torch
 
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
+from stallfree.engine.fitting.cost_model import CostModel
+from stallfree.engine.fitting.profile import resolve_cost_model
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
 from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
+from stallfree.engine.request_limits import check_context_length, check_prompt_ids
 from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner
 from stallfree.engine.runner.isolation import execute_isolating
-from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -134,16 +135,10 @@ class LLMEngine:
         if isinstance(prompt, str) and (surrogate := first_lone_surrogate(prompt)) is not None:
             raise ValueError(f"prompt has a lone UTF-16 surrogate at index {surrogate} (not valid Unicode)")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not token_ids:
-            raise ValueError("prompt is empty")
+        check_prompt_ids(token_ids, self.vocab_size)
+        check_context_length(len(token_ids), None, self.max_model_len)
         if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.runner.computes_logits:
             raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
-        vocab = self.vocab_size
-        if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len} "
-                             "(prompt plus at least one generated token must fit)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.scheduler.requests:
             raise ValueError(f"duplicate request_id {request_id!r}")

@@ -26,8 +26,8 @@ from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, Sche
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
 CONF_DIR = Path(str(importlib.resources.files("stallfree.conf")))
-# Cost models committed with the package (engine/runner/cost_models/), named by file name in a setting.
-COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "runner" / "cost_models"
+# Cost models committed with the package (engine/fitting/cost_models/), named by file name in a setting.
+COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "fitting" / "cost_models"
 # Names the engine checks itself when it starts (their choices live with the code that uses them).
 MODEL_NAMES = ("dtype", "device", "attention_backend", "runner", "clock")
 T = TypeVar("T")

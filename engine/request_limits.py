@@ -16,11 +16,11 @@ GREEDY_TEMPERATURE = 1e-5
 
 
 class InvalidParam(ValueError):
-    """A request parameter outside its range; ``param`` names it."""
+    """A request parameter outside its range; ``param`` names it, ``code`` is the server's error code."""
 
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, code: str = "invalid_value"):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,29 @@ SIZES: dict[str, Size] = {
     "logit_bias": Size(300, "entries"),
     "x-request-id": Size(128, "printable ASCII characters"),
 }
+
+
+def check_prompt_ids(token_ids: list[int], vocab_size: int) -> None:
+    """Raise InvalidParam ("prompt") unless the prompt is a non-empty list of token ids in the vocabulary.
+    The server checks a request with it before submitting, and ``LLMEngine.add_request`` again."""
+    if not token_ids:
+        raise InvalidParam("prompt", "prompt is empty", code="empty_prompt")
+    bad = [t for t in token_ids if type(t) is not int or not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidParam("prompt", f"prompt: token ids must be integers in [0, {vocab_size}) (this model's "
+                           f"vocabulary), got {short_repr(bad[0])}")
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
+    """Raise InvalidParam ("max_tokens") unless the prompt plus ``max_tokens`` (None: at least one token)
+    fit in ``max_model_len``. The server checks a request with it, ``LLMEngine.add_request`` again (with
+    None: the engine cuts max_tokens to the context window)."""
+    budget = max_model_len - num_prompt_tokens
+    if budget < 1 or (max_tokens is not None and max_tokens > budget):
+        asked = f"{num_prompt_tokens} in the prompt" + (f" + {max_tokens} to generate" if max_tokens else "")
+        raise InvalidParam("max_tokens", f"this model's maximum context length (max_model_len) is {max_model_len} "
+                           f"tokens; the request needs {asked} (at least one must be generated)",
+                           code="context_length_exceeded")
 
 
 def short_repr(value: object, limit: int = 40) -> str:

@@ -1,6 +1,6 @@
 """Build the runner and clock that ``model.runner`` / ``model.clock`` name: one builder per runner kind,
 registered in ``RUNNERS``. Nothing here profiles: a simulated runner gets its cost model resolved before
-the engine is built (engine/runner/profile.py:resolve_cost_model)."""
+the engine is built (engine/fitting/profile.py:resolve_cost_model)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,13 +11,13 @@ import torch
 
 from stallfree.engine.attention import make_attention_backend
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.fitting.cost_model import CostModel
 from stallfree.engine.hydra_groups import require
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.loader import load_model
 from stallfree.engine.registry import Registry
 from stallfree.engine.runner.base import Runner
 from stallfree.engine.runner.clock import CLOCKS, Clock, VirtualClock, WallClock
-from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.kv_sizing import Baseline, CudaMemoryProbe
 from stallfree.engine.runner.model_runner import ModelRunner

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 import time
 
+from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
 from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import SchedulerOutput
 

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from stallfree.engine import RequestMetrics, RequestOutput, SamplingParams, TokenLogprob
+from stallfree.engine.request_limits import InvalidParam
 from stallfree.engine.server.logprobs_format import Entry
 from stallfree.engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
 from stallfree.engine.server.protocol import APIError
@@ -51,6 +52,8 @@ def api_error(exc: Exception) -> APIError:
         return APIError(503, str(exc), type="server_error", code="engine_unavailable")
     if isinstance(exc, EngineFailed):
         return APIError(500, str(exc), type="server_error", code="engine_error")
+    if isinstance(exc, InvalidParam):
+        return APIError(400, str(exc), param=exc.param, code=exc.code)
     return APIError(400, str(exc), code="invalid_value")
 
 

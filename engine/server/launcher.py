@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-from stallfree.engine.server.app import ServerConfig, ServerState, build_app
+from stallfree.engine.server.app import ServerConfig, build_app
 from stallfree.engine.server.h11_protocol import JSONErrorH11Protocol
 from stallfree.engine.server.loop import EngineLoop
+from stallfree.engine.server.state import ServerState
 
 SHUTDOWN_MARGIN_S = 0.5
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of one server (its own CollectorRegistry), with vLLM's metric names (and buckets).
 The HTTP series (``http_requests_total``, ``http_request_duration_seconds``, ...) are added to the same
-registry by prometheus-fastapi-instrumentator (engine/server/app.py), as in vLLM's server."""
+registry by prometheus-fastapi-instrumentator (engine/server/app.py:build_app), as in vLLM's server."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest

@@ -35,10 +35,6 @@ class ModelShape:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
-    def flops_per_token(self) -> int:
-        """Two FLOPs per weight of every linear operator a token passes, the LM head included."""
-        return 2 * (self.num_layers * self.layer_params() + self.vocab_size * self.hidden_size)
-
 
 def _shape(name, layers, hidden, heads, kv_heads, ffn, vocab, head_dim=128, **kw) -> ModelShape:
     return ModelShape(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, **kw)

@@ -269,10 +269,10 @@ def pipeline_summary(batches: list[dict] | None) -> dict:
     """A simulated deployment's pipeline stages over a run (BatchRecord ``stage_busy_s`` / ``stage_idle_s``):
     ``pipeline_bubble_fraction``, the share of the stages' time spent idle while the engine had work (None for
     runs without stage records), and ``pipeline_stages``."""
-    staged = [b for b in batches or () if b.get("stage_busy_s")]
-    if not staged:
+    staged_batches = [batch for batch in batches or () if batch["stage_busy_s"]]
+    if not staged_batches:
         return {"pipeline_bubble_fraction": None, "pipeline_stages": None}
-    busy = sum(sum(b["stage_busy_s"]) for b in staged)
-    idle = sum(sum(b["stage_idle_s"]) for b in staged)
+    busy = sum(sum(batch["stage_busy_s"]) for batch in staged_batches)
+    idle = sum(sum(batch["stage_idle_s"]) for batch in staged_batches)
     return {"pipeline_bubble_fraction": idle / (busy + idle) if busy + idle > 0 else 0.0,
-            "pipeline_stages": len(staged[0]["stage_busy_s"])}
+            "pipeline_stages": len(staged_batches[0]["stage_busy_s"])}

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from stallfree.loadgen.results.batch_rows import write_batches
 from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.results.writable import ResultsDirError
 
@@ -106,7 +107,7 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
     """Write one run into ``exp_dir/.<run_id>.tmp-<pid>`` and rename it to ``exp_dir/<run_id>``.
 
     ``config`` is a dict or already-rendered YAML; ``requests`` become requests.parquet, ``batches``
-    batches.parquet and ``server_metrics`` (rows of SERVER_METRICS_SCHEMA, possibly none)
+    (BatchRecord rows: loadgen.results.batch_rows) batches.parquet and ``server_metrics`` (rows of SERVER_METRICS_SCHEMA, possibly none)
     server_metrics.parquet, each when given. An existing run directory of the same id is replaced.
     Returns the run directory.
     """
@@ -120,7 +121,7 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
         pq.write_table(pa.Table.from_pylist([as_row(r) for r in requests],
                                              schema=REQUESTS_SCHEMA), tmp / "requests.parquet")
         if batches is not None:
-            pq.write_table(pa.Table.from_pylist(batches), tmp / "batches.parquet")
+            write_batches(batches, tmp / "batches.parquet")
         if server_metrics is not None:
             pq.write_table(pa.Table.from_pylist(server_metrics, schema=SERVER_METRICS_SCHEMA),
                            tmp / "server_metrics.parquet")

@@ -63,7 +63,7 @@ def model_vocab_size(cfg: BenchConfig) -> int:
     """The vocabulary of the run's model (prompt token ids are drawn below it), from its config.json or,
     for a simulated deployment, its model shape."""
     if cfg.model.deployment is not None:
-        from stallfree.engine.simulator.deployment import Deployment
+        from stallfree.engine import Deployment
 
         return int(Deployment.from_config(cfg.model.deployment).resolve().shape.vocab_size)
     return int(json.loads((_model_path(cfg) / "config.json").read_text())["vocab_size"])

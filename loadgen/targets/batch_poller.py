@@ -7,6 +7,8 @@ import threading
 
 import httpx
 
+from stallfree.loadgen.results.batch_rows import BatchSchemaError, check_rows
+
 PAGE_LIMIT = 2000  # records per request
 POLL_INTERVAL_S = 2.0
 
@@ -29,6 +31,8 @@ class BatchPoller:
                 self.fetch()
             except httpx.HTTPError:
                 pass  # a busy or restarting server: the next poll (or the final fetch) catches up
+            except BatchSchemaError:
+                return  # rows of another schema: the final fetch raises it where the run can report it
 
     def fetch(self) -> None:
         """Every page from the last record seen to the newest."""
@@ -38,11 +42,13 @@ class BatchPoller:
                                         params={"since": since, "limit": self.page_limit})
             response.raise_for_status()
             page = response.json()
+            rows = check_rows(page["batches"], f"{self.url}/stallfree/batches")
             # A page starts at a start time, which the last page's final record may share: skip those.
-            new = [b for b in page["batches"] if b["iteration"] > self._last_iteration]
-            if new:
-                self.batches.extend(new)
-                self._last_iteration, self.since = new[-1]["iteration"], new[-1]["start_time"]
+            new_batches = [batch for batch in rows if batch["iteration"] > self._last_iteration]
+            if new_batches:
+                self.batches.extend(new_batches)
+                last = new_batches[-1]
+                self._last_iteration, self.since = last["iteration"], last["start_time"]
             since = page["next_since"]
 
     def stop(self) -> list[dict]:

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from stallfree.engine import EngineConfig, SamplingParams
+from stallfree.engine.fitting.cost_model import CostModel
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner
 from stallfree.engine.runner.simulated import SimulatedRunner
 from stallfree.engine.scheduler import ScheduledUnit, SchedulerOutput

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.fitting.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
 from stallfree.engine.outputs import BatchRecord
-from stallfree.engine.runner.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
 from tests.helpers.engine import FIXED
 
 
@@ -163,7 +163,7 @@ def test_a_profile_of_an_older_engine_loads_with_a_warning_naming_it(tmp_path, c
     records = [record(*s, predicted(FIXED, record(*s, 0))) for s in random_shapes(40, seed=1)]
     CostModel.fit(records, fitted_on={"engine_revision": ENGINE_REVISION}).save(tmp_path / "current.json")
     CostModel.fit(records, fitted_on={}).save(tmp_path / "old.json")  # before revisions were recorded
-    with caplog.at_level("WARNING", logger="stallfree.engine.runner.cost_model"):
+    with caplog.at_level("WARNING", logger="stallfree.engine.fitting.cost_model"):
         CostModel.load(tmp_path / "current.json")
         assert not caplog.text
         CostModel.load(tmp_path / "old.json")
@@ -219,7 +219,7 @@ def test_profiling_fits_the_real_runner_once(monkeypatch):
 
 def test_profile_requests_sample_as_the_load_generator_does(monkeypatch):
     """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay."""
-    from stallfree.engine.runner.profile import profile_cost_model
+    from stallfree.engine.fitting.profile import profile_cost_model
 
     added: list[SamplingParams] = []
     real_add = LLMEngine.add_request

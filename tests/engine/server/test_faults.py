@@ -10,7 +10,8 @@ import httpx
 import openai
 import pytest
 
-from stallfree.engine import LLMEngine
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.request_limits import InvalidParam
 from stallfree.engine.server import start_server
 from tests.helpers.server import (
     ENGINE,
@@ -267,3 +268,16 @@ def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
 def test_a_failed_engine_build_is_raised_to_the_caller():
     with pytest.raises(ValueError, match="unknown engine option 'bogus'"):
         start_server({**ENGINE, "bogus": 1})
+
+
+
+@pytest.mark.parametrize("prompt", [[5, 99999], list(range(3, 3 + 2048))])
+def test_the_edge_and_the_engine_reject_a_prompt_through_the_same_check(http, llm, prompt):
+    """The server checks a prompt against the model before it submits it, and LLMEngine.add_request checks it
+    again through the same functions (engine/request_limits.py): one message, one param, one code."""
+    r = http.post("/v1/completions", json={"prompt": prompt})
+    with pytest.raises(InvalidParam) as rejected:
+        llm.engine.add_request(prompt, SamplingParams())
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": str(rejected.value), "type": "invalid_request_error",
+                                 "param": rejected.value.param, "code": rejected.value.code}

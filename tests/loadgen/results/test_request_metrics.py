@@ -15,6 +15,7 @@ from stallfree.loadgen.results.run_dir import (
     requests_frame,
     write_run,
 )
+from tests.helpers.batch_records import example_batch_record
 
 T0 = 1000.0
 
@@ -135,7 +136,7 @@ def test_write_run_round_trip_and_experiment_summary(tmp_path):
     summary = {"experiment": "exp", "run_id": "qps=1", "workload": {"kind": "fixed"},
                **summarize(requests_frame(rows))}
     run_dir = write_run(tmp_path / "exp", "qps=1", config={"qps": 1}, requests=rows, summary=summary,
-                        batches=[{"iteration": 0, "num_prefill_tokens": 5}])
+                        batches=[dataclasses.asdict(example_batch_record())])
     assert is_complete(run_dir) and sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["qps=1"]
     table = pq.read_table(run_dir / "requests.parquet")
     assert table.schema == REQUESTS_SCHEMA

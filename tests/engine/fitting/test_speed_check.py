@@ -5,8 +5,8 @@ import random
 import pytest
 
 from stallfree.engine import LLMEngine, check_speed
-from stallfree.engine.runner.cost_model import CostModel, IterationFeatures
-from stallfree.engine.runner.speed_check import MIN_KIND_ITERATIONS, measure_speed
+from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
+from stallfree.engine.fitting.speed_check import MIN_KIND_ITERATIONS, measure_speed
 from tests.engine.runner.test_simulated import record
 from tests.helpers.engine import FIXED
 

@@ -19,10 +19,10 @@ import torch
 from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import cpu_description
+from stallfree.engine.fitting.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 from stallfree.engine.outputs import BatchRecord
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import CLOCKS
-from stallfree.engine.runner.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 from stallfree.engine.runner.cpu_threads import quiet_threads
 
 PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
