@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu import parameter_counts
 from benchmarks.lib.gpu_checks import SMOKE_SHAPE, TARGETS, judge
+from benchmarks.lib.gpu_iterations import parameter_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 
