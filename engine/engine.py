@@ -21,6 +21,7 @@ from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
 from stallfree.engine.runner.isolation import execute_isolating
 from stallfree.engine.runner.profile import resolve_cost_model
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -190,14 +191,9 @@ class LLMEngine:
                 self.clock.idle_until(arrival)
             return []
         try:
-            result = self.runner.execute_model(scheduler_output)
-            failed: list[RequestOutput] = []
+            scheduler_output, result, failed = self._execute(scheduler_output)
         except RunnerDead as exc:
             return self._die(exc)
-        except Exception as exc:  # end only the requests it failed on; the others keep their tokens
-            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
-            result, errors = execute_isolating(self.runner, scheduler_output, exc)
-            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
         end = self.clock()
         self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
         updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, end)
@@ -206,6 +202,20 @@ class LLMEngine:
                 request.logprobs.append(result.sample_logprobs[request.request_id])
         self._record(scheduler_output, start, end, cpu_threads=result.cpu_threads, split=result.operator_split)
         return self._outputs(updated, finished_only) + failed
+
+    def _execute(self, scheduler_output: SchedulerOutput
+                 ) -> tuple[SchedulerOutput, ModelRunnerOutput, list[RequestOutput]]:
+        """Run the iteration; if it raises, end only the requests it failed on (the others keep their tokens):
+        (the iteration without them, the runner's output, their outputs). Raises RunnerDead."""
+        try:
+            return scheduler_output, self.runner.execute_model(scheduler_output), []
+        except RunnerDead:
+            raise
+        except Exception as exc:
+            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
+            result, errors = execute_isolating(self.runner, scheduler_output, exc)
+            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
+            return scheduler_output, result, failed
 
     def _step_pipelined(self, finished_only: bool) -> list[RequestOutput]:
         """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
