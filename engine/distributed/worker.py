@@ -25,6 +25,7 @@ def run_worker(rank: int, rendezvous: Rendezvous, layout: RankLayout, pipe: Conn
     except BaseException as exc:
         pipe.send(f"{type(exc).__name__}: {exc}")
         os._exit(1)  # not sys.exit: a process group's threads may hold the interpreter's exit
+    os._exit(0)
 
 
 def _exit_when_closed(pipe: Connection) -> None:
@@ -47,5 +48,5 @@ def serve(rank: int, rendezvous: Rendezvous, layout: RankLayout) -> None:
     runner = build_rank_runner(setup, layout, rank, groups, device)
     channel = Channel(groups.control)
     channel.min_over_ranks(runner.num_blocks)
-    while True:
-        runner.execute_forward(channel.receive_batch())
+    while (batch := channel.receive_batch()) is not None:
+        runner.execute_forward(batch)
