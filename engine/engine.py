@@ -6,8 +6,6 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-import torch
-
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
@@ -20,8 +18,8 @@ from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
 from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.runner.kv_sizing import blocks_for_budget
 from stallfree.engine.runner.profile import resolve_cost_model
-from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -73,7 +71,8 @@ class LLMEngine:
         else:
             # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
             sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
-            num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
+            num_blocks = cc.num_blocks or (None if sized_by_runner else
+                                          blocks_for_budget(arch, cc, config.parallel, self.dtype))
             setup = RunnerSetup(config, path, arch, self.max_model_len, num_blocks, self.dtype, self.device,
                                 self.eos_token_ids, cost_model)
             if config.parallel.world_size > 1:  # worker processes (imported only then)
@@ -101,15 +100,6 @@ class LLMEngine:
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
         return cls.from_config(EngineConfig.from_kwargs(**kwargs))
-
-    def _num_blocks_for_budget(self, arch: ArchConfig) -> int:
-        """The blocks of ``kv_memory_gib`` per rank: a rank holds its stage's layers and its share of KV heads."""
-        cc, parallel = self.config.cache, self.config.parallel
-        num_layers = -(-arch.num_layers // parallel.pipeline_parallel_size)
-        num_kv_heads = max(1, arch.num_kv_heads // parallel.tensor_parallel_size)
-        bytes_per_block = (2 * num_layers * cc.block_size * num_kv_heads * arch.head_dim
-                           * torch.empty((), dtype=self.dtype).element_size())
-        return max(1, int(cc.kv_memory_gib * 2**30 // bytes_per_block))
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -191,9 +181,17 @@ class LLMEngine:
                 self.clock.idle_until(arrival)
             return []
         try:
-            scheduler_output, result, failed = self._execute(scheduler_output)
+            result = self.runner.execute_model(scheduler_output)
+            failed: list[RequestOutput] = []
         except RunnerDead as exc:
             return self._die(exc)
+        except Exception as exc:  # end only the requests it failed on; the others keep their tokens
+            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
+            try:
+                result, errors = execute_isolating(self.runner, scheduler_output, exc)
+            except RunnerDead as dead:
+                return self._die(dead)
+            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
         end = self.clock()
         self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
         updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, end)
@@ -202,20 +200,6 @@ class LLMEngine:
                 request.logprobs.append(result.sample_logprobs[request.request_id])
         self._record(scheduler_output, start, end, cpu_threads=result.cpu_threads, split=result.operator_split)
         return self._outputs(updated, finished_only) + failed
-
-    def _execute(self, scheduler_output: SchedulerOutput
-                 ) -> tuple[SchedulerOutput, ModelRunnerOutput, list[RequestOutput]]:
-        """Run the iteration; if it raises, end only the requests it failed on (the others keep their tokens):
-        (the iteration without them, the runner's output, their outputs). Raises RunnerDead."""
-        try:
-            return scheduler_output, self.runner.execute_model(scheduler_output), []
-        except RunnerDead:
-            raise
-        except Exception as exc:
-            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
-            result, errors = execute_isolating(self.runner, scheduler_output, exc)
-            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
-            return scheduler_output, result, failed
 
     def _step_pipelined(self, finished_only: bool) -> list[RequestOutput]:
         """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
@@ -269,11 +253,10 @@ class LLMEngine:
         """End every unfinished request with ``exc`` as its error; later calls raise it."""
         self.dead = f"the engine stopped: {exc}"[:MAX_ERROR_CHARS]
         logger.error("%s", self.dead)
-        now, outputs = self.clock(), []
-        for request in list(self.scheduler.requests.values()):
+        now, requests = self.clock(), list(self.scheduler.requests.values())
+        for request in requests:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
-            outputs.append(self._output(request, [], error=self.dead))
-        return outputs
+        return [self._output(request, [], error=self.dead) for request in requests]
 
     def reconfigure_scheduler(self, **knobs) -> None:
         """Replace the scheduler, while no request is unfinished, with one built from the scheduler config
