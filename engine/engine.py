@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
+from stallfree.engine.executor import make_executor
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
@@ -16,9 +17,7 @@ from stallfree.engine.request import Request, RequestStatus, SamplingParams, Tok
 from stallfree.engine.runner.base import RunnerDead
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.cost_model import CostModel
-from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
 from stallfree.engine.runner.isolation import execute_isolating
-from stallfree.engine.runner.kv_sizing import blocks_for_budget
 from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
@@ -69,19 +68,8 @@ class LLMEngine:
             num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
             self.runner, self.clock = self.simulation.runner, VirtualClock()
         else:
-            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
-            sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
-            num_blocks = cc.num_blocks or (None if sized_by_runner else
-                                          blocks_for_budget(arch, cc, config.parallel, self.dtype))
-            setup = RunnerSetup(config, path, arch, self.max_model_len, num_blocks, self.dtype, self.device,
-                                self.eos_token_ids, cost_model)
-            if config.parallel.world_size > 1:  # worker processes (imported only then)
-                from stallfree.engine.distributed.driver import start_driver
-
-                self.runner, self.clock = start_driver(setup)
-            else:
-                self.runner, self.clock = RUNNERS[mc.runner](setup)
-            num_blocks = num_blocks or self.runner.num_blocks
+            self.runner, self.clock, num_blocks = make_executor(config, path, arch, self.max_model_len, self.dtype,
+                                                                self.device, self.eos_token_ids, cost_model)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = self.runner.reads_block_tables
@@ -246,13 +234,11 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the runner's worker processes, if it has any (again: a no-op)."""
-        if (shutdown := getattr(self.runner, "shutdown", None)) is not None:
-            shutdown()
+        getattr(self.runner, "shutdown", lambda: None)()
 
     def _die(self, exc: RunnerDead) -> list[RequestOutput]:
         """End every unfinished request with ``exc`` as its error; later calls raise it."""
         self.dead = f"the engine stopped: {exc}"[:MAX_ERROR_CHARS]
-        logger.error("%s", self.dead)
         now, requests = self.clock(), list(self.scheduler.requests.values())
         for request in requests:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
