@@ -33,6 +33,7 @@ def test_tp2_tokens_equal_one_process_and_hf(tiny_path, prompts):
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_tp2_qkv_bias_and_tied_embeddings_equal_hf(arch_paths, prompts):
     """Qwen2-style: the QKV bias is split with its heads; the tied embedding and LM head stay whole."""
     engine = tp2_engine(str(arch_paths["qwen2"]), scheduler="sarathi", chunk_size=64)
