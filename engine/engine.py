@@ -6,10 +6,9 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-import torch
-
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
+from stallfree.engine.executor import make_executor
 from stallfree.engine.fitting.cost_model import CostModel
 from stallfree.engine.fitting.profile import resolve_cost_model
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
@@ -18,8 +17,8 @@ from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
 from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
 from stallfree.engine.request_limits import check_context_length, check_prompt_ids
+from stallfree.engine.runner.base import RunnerDead
 from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.runner.factory import make_runner
 from stallfree.engine.runner.isolation import execute_isolating
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
@@ -70,18 +69,14 @@ class LLMEngine:
             num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
             self.runner, self.clock = self.simulation.runner, VirtualClock()
         else:
-            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
-            sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
-            num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
-            self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
-                                                  num_blocks=num_blocks, dtype=self.dtype, device=self.device,
-                                                  eos_token_ids=self.eos_token_ids, cost_model=cost_model)
-            num_blocks = num_blocks or self.runner.num_blocks
+            self.runner, self.clock, num_blocks = make_executor(config, path, arch, self.max_model_len, self.dtype,
+                                                                self.device, self.eos_token_ids, cost_model)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = self.runner.reads_block_tables
         self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
+        self.dead: str | None = None  # why the runner can run no more (a worker process died)
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
 
@@ -94,12 +89,6 @@ class LLMEngine:
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
         return cls.from_config(EngineConfig.from_kwargs(**kwargs))
-
-    def _num_blocks_for_budget(self, arch: ArchConfig) -> int:
-        cc = self.config.cache
-        bytes_per_block = (2 * arch.num_layers * cc.block_size * arch.num_kv_heads * arch.head_dim
-                           * torch.empty((), dtype=self.dtype).element_size())
-        return max(1, int(cc.kv_memory_gib * 2**30 // bytes_per_block))
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -128,6 +117,7 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued then)."""
+        self.check_alive()
         params = params or SamplingParams()
         params.validate()
         if isinstance(prompt, str) and self.tokenizer is None:
@@ -166,6 +156,7 @@ class LLMEngine:
         ``finished_only`` for those that finished (a replay that reads only final outputs skips one per token)."""
         if self.simulation is not None:  # a deployment's pipeline: micro-batches in flight
             return self._step_pipelined(finished_only)
+        self.check_alive()
         start = self.clock()
         scheduler_output = self.scheduler.schedule(start)
         if not scheduler_output.units:
@@ -175,9 +166,14 @@ class LLMEngine:
         try:
             result = self.runner.execute_model(scheduler_output)
             failed: list[RequestOutput] = []
+        except RunnerDead as exc:
+            return self._die(exc)
         except Exception as exc:  # end only the requests it failed on; the others keep their tokens
             logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
-            result, errors = execute_isolating(self.runner, scheduler_output, exc)
+            try:
+                result, errors = execute_isolating(self.runner, scheduler_output, exc)
+            except RunnerDead as dead:
+                return self._die(dead)
             scheduler_output, failed = self._fail_requests(scheduler_output, errors)
         end = self.clock()
         self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
@@ -225,6 +221,23 @@ class LLMEngine:
             stage_busy_s=list(timing.stage_busy_s) if timing else [],
             stage_idle_s=list(timing.stage_idle_s) if timing else [],
             cpu_threads=cpu_threads, **self.utilization.fields(out.units, end - start, split)))
+
+    def check_alive(self) -> None:
+        """Raise RunnerDead once the runner can run no more (its cause in the message)."""
+        if self.dead is not None:
+            raise RunnerDead(self.dead)
+
+    def shutdown(self) -> None:
+        """Stop the runner's worker processes, if it has any (again: a no-op)."""
+        getattr(self.runner, "shutdown", lambda: None)()
+
+    def _die(self, exc: RunnerDead) -> list[RequestOutput]:
+        """End every unfinished request with ``exc`` as its error; later calls raise it."""
+        self.dead = f"the engine stopped: {exc}"[:MAX_ERROR_CHARS]
+        now, requests = self.clock(), list(self.scheduler.requests.values())
+        for request in requests:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
+        return [self._output(request, [], error=self.dead) for request in requests]
 
     def reconfigure_scheduler(self, **knobs) -> None:
         """Replace the scheduler, while no request is unfinished, with one built from the scheduler config

@@ -16,3 +16,8 @@ class Runner(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one iteration: the sampled tokens of the units that sample, and what the iteration measured."""
         ...
+
+
+class RunnerDead(RuntimeError):
+    """The runner can run no iteration any more (a worker process of a distributed runner died): the engine
+    ends every request in flight with this error and stops."""
