@@ -51,7 +51,7 @@ def open_loop_run(cfg: BenchConfig, targets: LiveTarget, qps: float, duration_s:
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name
     slo = resolve_slo(cfg, exp_dir, targets)
     unloaded, _ = cached_unloaded_ttft(cfg, exp_dir, targets)
-    run_cfg = dataclasses.replace(cfg.with_qps(qps).with_num_requests(max(2, math.ceil(qps * duration_s))), mode="run")
+    run_cfg = dataclasses.replace(cfg.with_qps(qps), num_requests=max(2, math.ceil(qps * duration_s)), mode="run")
     summary = run_point(run_cfg, targets, slo=slo, unloaded_ttft=unloaded)
     results = checks(summary, slo["slo_tbt_ms"], cfg.capacity)
     failed = {r.rule for r in results if not r.passed}

@@ -97,7 +97,7 @@ class LocustTarget:
         self.engine_label = None
         if t.url is None:
             server = self._resources.enter_context(ServeProcess(cfg, log_dir))
-            self.url, self.served_model, self.engine_pid = server.url, cfg.model.name, server.process.pid
+            self.url, self.served_model, self.engine_pid = server.url, cfg.model.model, server.process.pid
         else:
             self.url, self.engine_pid = t.url.rstrip("/"), None
             described = describe_server(self.url, t.served_model)

@@ -9,7 +9,7 @@ points such a run; ``mode=compare`` (``+experiment=compare``) a contender's QPS 
 search (loadgen.sweep.side_by_side).
 
 Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
-server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job. Every run
+engine key (``model.*``, ``cache.*``, ``scheduler.*``) changes; other launchers make one per job. Every run
 prints its place in the sweep and an ETA (loadgen.sweep.progress, a Hydra callback in conf/bench.yaml).
 """
 from __future__ import annotations

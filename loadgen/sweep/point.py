@@ -77,7 +77,7 @@ def target_failure(records: list[RequestRecord]) -> str | None:
 def repeat_configs(cfg: BenchConfig) -> list[BenchConfig]:
     """One config per repeat of a point (``repeats``): seeds seed, seed + 1, ... (the repeats of a
     point share its ``point_id``)."""
-    return [cfg.with_seed(cfg.seed + repeat) for repeat in range(cfg.repeats)]
+    return [dataclasses.replace(cfg, seed=cfg.seed + repeat) for repeat in range(cfg.repeats)]
 
 
 def repeat_part(repeat_cfg: BenchConfig, repeat: int, share: float = 1.0) -> RunPart:

@@ -22,6 +22,7 @@ The summary records ``slo_reference_method``, ``slo_reference_disturbed``, ``slo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -127,8 +128,8 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
         return Reference(cfg.slo.reference_ms, "pinned", False)
     if cfg.slo.reference_cost_model is not None:
         return cost_model_reference(cfg, cost_model_file(cfg.slo.reference_cost_model, "slo.reference_cost_model"))
-    key = {"model": cfg.composed["model"], "target": cfg.target.kind, "url": cfg.target.url,
-           "probe": cfg.composed["decode_probe"]}
+    key = {"model": dataclasses.asdict(cfg.model), "cache": dataclasses.asdict(cfg.cache), "target": cfg.target.kind,
+           "url": cfg.target.url, "probe": dataclasses.asdict(cfg.decode_probe)}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
     if path.is_file():
         cached = json.loads(path.read_text())

@@ -62,8 +62,8 @@ def cached_unloaded_ttft(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -
     """``measure_unloaded_ttft`` once per model / target / workload / seed, cached in ``exp_dir/.probes/`` like
     the SLO reference (loadgen.sweep.slo), so a resumed search judges its cached points by the same line;
     ``rerun=all`` measures it again once per process."""
-    key = {"model": cfg.composed["model"], "target": cfg.target.kind, "url": cfg.target.url,
-           "workload": cfg.composed["workload"], "seed": cfg.seed, "num_requests": cfg.num_requests}
+    key = {"model": dataclasses.asdict(cfg.model), "cache": dataclasses.asdict(cfg.cache), "target": cfg.target.kind,
+           "url": cfg.target.url, "workload": dataclasses.asdict(cfg.workload), "seed": cfg.seed, "num_requests": cfg.num_requests}
     path = exp_dir / ".probes" / f"unloaded-ttft-{digest(key)}.json"
     if path.is_file() and (cfg.rerun != "all" or path in _measured_here):
         record = json.loads(path.read_text())["unloaded_ttft"]

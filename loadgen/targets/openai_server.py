@@ -93,7 +93,7 @@ class HttpTarget(_OpenLoopHttpTarget):
     """target=http: a stallfree-serve of the run's server-side config, stopped by ``close``."""
 
     def __init__(self, cfg: BenchConfig, log_dir: Path):
-        super().__init__(cfg, cfg.model.name)
+        super().__init__(cfg, cfg.model.model)
         self._resources = contextlib.ExitStack()
         self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
         self.url, self.engine_pid = self.server.url, self.server.process.pid
