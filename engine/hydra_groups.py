@@ -77,10 +77,15 @@ def cost_model_file(value: object, key: str) -> str:
 def register_schema() -> None:
     """Store EngineConfig's sections, with their defaults, in Hydra's ConfigStore as ``engine_schema``: the
     commands' configs start from it, so every engine field is a key (``cache.block_size=32``) that Hydra
-    type-checks as it composes, and ``--cfg job`` shows it."""
+    type-checks as it composes, and ``--cfg job`` shows it. ``model.model`` has no default there: a preset
+    of conf/model/ names it (``model=path``: ``model.model=DIR``); a ``???`` merged over a default would
+    leave the default."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import MISSING
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node={f.name: f.default_factory() for f in dataclasses.fields(EngineConfig)})
+    schema = {f.name: f.default_factory() for f in dataclasses.fields(EngineConfig)}
+    schema["model"].model = MISSING
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
 
 
 def check_engine(config: EngineConfig) -> None:
@@ -164,7 +169,7 @@ def compose(config_name: str, overrides: list[str], job_name: str) -> dict:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=job_name):
@@ -172,19 +177,26 @@ def compose(config_name: str, overrides: list[str], job_name: str) -> dict:
             cfg = hydra_compose(config_name=config_name, overrides=overrides)
         except (HydraException, OmegaConfBaseException) as e:
             raise composition_error(e) from None
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} is required (set {e.full_key}=...)") from None
 
 
 def composition_error(e: Exception) -> ConfigError:
     """A Hydra composition error as one line naming the key (an unknown group option, a value of the wrong
     type, an unknown key: with the engine key of that name, where there is one)."""
     from hydra.errors import MissingConfigException
+    from omegaconf.errors import ValidationError
 
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return ConfigError(f"{group}: unknown option {option!r} (choose from: {', '.join(e.options)})")
     if str(e).startswith("Error merging override") and e.__cause__ is not None:  # the cause names key and value
-        return ConfigError(f"{str(e).split()[-1]}: {str(e.__cause__).splitlines()[0]}")
+        key, _, value = str(e).split()[-1].partition("=")
+        if isinstance(e.__cause__, ValidationError):  # a value of the wrong type for an engine key
+            return ConfigError(f"{key} must be {_rule(EngineConfig, key)}, got {value!r}")
+        return ConfigError(f"{key}: {str(e.__cause__).splitlines()[0]}")
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     match = re.match(r"Could not override '([^']+)'", lines[0]) if lines else None
     if match and len(lines) > 1 and lines[1].startswith("To append"):

@@ -124,7 +124,7 @@ def test_sweep_table_lists_a_run_that_two_jobs_share_once(clock, capsys):
     runs = [("vllm", None, "vllm-1", False), ("vllm", None, "vllm-1", True),
             ("sarathi", 128, "sarathi-128-1", False), ("sarathi", 256, "sarathi-256-1", False)]
     for num, (scheduler, chunk, run_id, cached) in enumerate(runs):
-        start_job(tracker, num, [f"scheduler={scheduler}", f"chunk_size={chunk or 128 + 128 * num}"])
+        start_job(tracker, num, [f"scheduler={scheduler}", f"scheduler.chunk_size={chunk or 128 + 128 * num}"])
         tracker.run_ended({}, RunPart(), 1.0, cached=cached,
                           summary={**base, "scheduler": scheduler, "chunk_size": chunk, "run_id": run_id})
     tracker.on_multirun_end(OmegaConf.create({}))

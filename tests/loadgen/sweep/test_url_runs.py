@@ -43,7 +43,7 @@ def measure(url: str, tmp_path: Path, *overrides: str) -> dict:
 
 def test_the_servers_label_names_the_run_its_config_summary_export_and_report(tmp_path):
     with running_fake_server(1, 1, VLLM) as url:
-        plans = [plan_run(config(url, tmp_path, f"scheduler={s}", f"chunk_size={c}"))
+        plans = [plan_run(config(url, tmp_path, f"scheduler={s}", f"scheduler.chunk_size={c}"))
                  for s, c in (("sarathi", 512), ("vllm", 256))]
         summary = measure(url, tmp_path, "scheduler=sarathi")
     assert plans[0].run_id == plans[1].run_id == summary["run_id"]  # the bench's engine knobs are not the server's

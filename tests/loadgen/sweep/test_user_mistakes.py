@@ -116,7 +116,7 @@ def test_ctrl_c_during_a_finalizer_still_stops_the_command():
 
 def test_serve_a_checkpoint_that_is_not_there(tmp_path):
     done = run([BIN / "stallfree-serve", str(tmp_path / "no-such-ckpt")], tmp_path)
-    assert_one_line(done, 2, "stallfree-serve: error", "model.path")
+    assert_one_line(done, 2, "stallfree-serve: error", "model.model")
 
 
 @pytest.mark.slow
