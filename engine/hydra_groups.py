@@ -54,13 +54,22 @@ def is_number(value: object) -> bool:
 
 def override(key: str, value: object) -> str:
     """``key=value`` as a Hydra command-line override that Hydra reads back as exactly ``value``:
-    numbers, booleans and null as such, strings quoted literally (commas, '=', quotes, backslashes)."""
+    numbers, booleans and null as such, strings quoted literally (commas, '=', quotes, backslashes),
+    mappings and lists of those."""
+    return f"{key}={_hydra_value(value)}"
+
+
+def _hydra_value(value: object) -> str:
     if isinstance(value, str):
         # Hydra's rule inside single quotes: a quote, and any backslashes right before a quote or the end,
         # get a backslash each.
         quoted = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), value)
-        return f"{key}='{quoted}'"
-    return f"{key}={'null' if value is None else json.dumps(value)}"
+        return f"'{quoted}'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    return "null" if value is None else json.dumps(value)
 
 
 def cost_model_file(value: object, key: str) -> str:
