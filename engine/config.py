@@ -27,10 +27,9 @@ class ModelConfig:
     cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
     tokenizer: str | None = None  # a tokenizer directory or preset name; None: the model directory's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
-    # simulated: a GPU deployment (a mapping, checked by engine/simulator/deployment.py) instead of a checkpoint
-    # and a fitted cost model; None: none. Typed Any: OmegaConf cannot merge a mapping into an Optional[Dict]
-    # that is None, which model.deployment={...} on the command line does
-    deployment: Any = None
+    # Any, not dict | None: OmegaConf cannot merge a mapping into an Optional[Dict] that is None, which
+    # model.deployment={...} on the command line does.
+    deployment: Any = None  # simulated: a GPU deployment (a mapping: engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
     op_split_every: int = 0  # time linear layers and attention every Nth iteration (0: never; engine/utilization)
     # CPU: run each iteration with the cores other processes leave free (engine/runner/cpu_threads.py);
     # false: torch's fixed thread count

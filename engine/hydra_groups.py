@@ -203,7 +203,8 @@ def composition_error(e: Exception) -> ConfigError:
         return ConfigError(f"{group}: unknown option {option!r} (choose from: {', '.join(e.options)})")
     if str(e).startswith("Error merging override") and e.__cause__ is not None:  # the cause names key and value
         key, _, value = str(e).split()[-1].partition("=")
-        if isinstance(e.__cause__, ValidationError):  # a value of the wrong type for an engine key
+        sections = {f.name for f in dataclasses.fields(EngineConfig)}
+        if isinstance(e.__cause__, ValidationError) and key.split(".")[0] in sections:  # an engine key's type
             return ConfigError(f"{key} must be {_rule(EngineConfig, key)}, got {value!r}")
         return ConfigError(f"{key}: {str(e.__cause__).splitlines()[0]}")
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]

@@ -36,7 +36,7 @@ def _model_path(cfg: BenchConfig):
     try:
         return resolve_model_path(cfg.model.model)
     except ValueError as e:
-        raise ConfigError(f"model.model: {e}") from None
+        raise ConfigError(str(e)) from None
 
 
 def workload_tokenizer(cfg: BenchConfig):

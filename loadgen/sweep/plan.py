@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from stallfree.loadgen.results.run_dir import make_run_id
 from stallfree.engine import EngineConfig
+from stallfree.loadgen.results.run_dir import make_run_id
 from stallfree.loadgen.sweep.bench_config import chunk_size, digest, engine_identity
 from stallfree.loadgen.sweep.bench_schema import BenchConfig
 

@@ -104,7 +104,7 @@ def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
     (["qps=[1"], "qps=[1: "),
     (["-m", "qps=1,2", "hydra/launcher=nope"], "hydra/launcher: unknown option 'nope'"),
     (["-m", "qps=1,2", "hydra/launcher=local_parallel", "hydra.launcher.n_jobs=two"],
-     "hydra.launcher.n_jobs=two: Value 'two'"),
+     "hydra.launcher.n_jobs: Value 'two'"),
 ])
 def test_validate_cli_checks_every_swept_value(args, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
