@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.keep_pace import checks
 from stallfree.loadgen.sweep.live_target import LiveTarget
@@ -39,7 +39,7 @@ SMOKE_DURATION_S = 5.0
 def bench_config(overrides: list[str]) -> BenchConfig:
     from hydra import compose, initialize_config_dir
 
-    from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check
+    from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, check
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return check(compose(CONFIG_NAME, overrides))

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from stallfree.engine import LLMEngine
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest
 from stallfree.loadgen.studies.catalog import STUDIES, check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import write_rows
-from stallfree.loadgen.sweep.bench_config import digest
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 __all__ = ["run_study"]
 

@@ -28,18 +28,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.search_groups import CapacityGroup
 from stallfree.loadgen.results.capacity_bound import capacity_text, mean_bound, search_bound
 from stallfree.loadgen.results.repeat_stats import mean_interval
 from stallfree.loadgen.results.request_metrics import UnloadedTtft
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.keep_pace import checks, reason
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
 from stallfree.loadgen.sweep.progress import RunPart
-from stallfree.loadgen.sweep.search_groups import CapacityGroup
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 

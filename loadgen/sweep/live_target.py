@@ -1,12 +1,12 @@
 """The live target of a sweep: kept across runs while the server-side config (target kind and URL, or
-the engine: bench_config.engine_identity) and the request shape (target.token_ids, ignore_eos, tokenizer) stay the
+the engine: loadgen.config.views.engine_identity) and the request shape (target.token_ids, ignore_eos, tokenizer) stay the
 same, and replaced, after a short warm-up, when they change."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from stallfree.loadgen.sweep.bench_config import digest, engine_identity
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest, engine_identity
 from stallfree.loadgen.targets import Target, target_class
 from stallfree.loadgen.workload.request_specs import build_workload
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stallfree.engine import EngineConfig
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import chunk_size, digest, engine_identity
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_config import chunk_size, digest, engine_identity
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 MEASURED_SECTIONS = ("workload", "arrival", "target", "num_requests", "warmup", "seed")  # and the engine's
 
@@ -86,7 +86,7 @@ def engine_dtype(cfg: BenchConfig) -> str:
 def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
     (not the SLO, which only changes the summary, except for the points of a capacity search): the engine's
-    every field (bench_config.engine_identity) and the measured groups of the BenchConfig; a running server's
+    every field (loadgen.config.views.engine_identity) and the measured groups of the BenchConfig; a running server's
     (``target.url``) hashes its config without the engine's sections (``_server_config``) and is named by its
     label.
     ``rerun``: the second measurement of a disturbed point, a run of its own (``rerun=1`` in the id)."""

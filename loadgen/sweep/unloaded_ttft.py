@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from stallfree.loadgen.config.errors import TargetError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest, workload_tokenizer
 from stallfree.loadgen.results.request_metrics import UnloadedTtft
-from stallfree.loadgen.sweep.bench_config import digest, workload_tokenizer
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.live_target import LiveTarget
-from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.targets.base import Target
 from stallfree.loadgen.workload.request_specs import build_workload
 

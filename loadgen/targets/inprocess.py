@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import model_vocab_size
 from stallfree.loadgen.results.records import RequestRecord, as_row
-from stallfree.loadgen.sweep.bench_config import model_vocab_size
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import ENGINE_SHAPE, TARGETS, Progress, Replay
 from stallfree.loadgen.workload.request_specs import RequestSpec
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from stallfree.engine.hydra_groups import ConfigError, serve_overrides
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.targets.server_process import ServerExited, ServerProcess, free_port
 
 

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from stallfree.engine import choose_dtype
+from stallfree.loadgen.config.checks import ConfigError, validate_cli
 from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA
-from stallfree.loadgen.sweep.config_check import ConfigError, validate_cli
 from tests.helpers.bench import bench, kill_after_first_run, run_dirs
 
 SWEEP = ["-m", "scheduler=vllm,sarathi", "scheduler.chunk_size=128,256", "qps=4,8", "workload=fixed",

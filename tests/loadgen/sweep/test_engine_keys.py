@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from stallfree.engine import EngineConfig, LLMEngine
 from stallfree.engine.hydra_groups import compose, override
 from stallfree.engine.server.cli import _configs
-from stallfree.loadgen.sweep.config_check import check
+from stallfree.loadgen.config.checks import check
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 

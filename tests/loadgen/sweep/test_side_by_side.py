@@ -6,8 +6,8 @@ import nbformat
 import pytest
 
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, validate_cli
+from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, validate_cli
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.side_by_side import run_compare
 from tests.helpers.bench import bench, run_dirs

@@ -13,13 +13,13 @@ from hydra import compose, initialize_config_dir
 
 from stallfree.analysis.load import coverage_note, load_runs
 from stallfree.analysis.vllm_format import export_vllm
-from stallfree.loadgen.sweep.bench_schema import load_bench
+from stallfree.loadgen.config.checks import CONF_DIR
+from stallfree.loadgen.config.errors import EXIT_CONFIG, TargetError, exit_on_error
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.capacity_search import run_search
-from stallfree.loadgen.sweep.config_check import CONF_DIR
 from stallfree.loadgen.sweep.live_target import WARMUP_REQUESTS, LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import run_point
-from stallfree.loadgen.sweep.run_errors import EXIT_CONFIG, TargetError, exit_on_error
 from tests.helpers.fakes.fake_sse_server import FakeBehaviour, running_fake_server
 
 VLLM = FakeBehaviour(owned_by="vllm", version="0.32.0", server_header="uvicorn")

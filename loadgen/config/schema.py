@@ -1,7 +1,7 @@
 """The typed stallfree-bench config: the engine's EngineConfig (its sections ``model``, ``cache``,
 ``scheduler``: the schema conf/bench.yaml starts from) extended with one dataclass per group of the bench,
 each checking its own ranges. ``load_bench`` turns a composed config into a BenchConfig once, at the entry
-point (loadgen.sweep.config_check); everything inward takes that object, never the raw Hydra config: it
+point (loadgen.config.checks); everything inward takes that object, never the raw Hydra config: it
 is the run's config.yaml, and run ids hash it (loadgen.sweep.plan).
 
 Settings whose names depend on a kind (``workload.lengths``, ``model.deployment``, ``study``) stay
@@ -27,7 +27,7 @@ from stallfree.engine.hydra_groups import (
     require,
     typed,
 )
-from stallfree.loadgen.sweep.search_groups import CapacityGroup, CompareGroup, positive
+from stallfree.loadgen.config.search_groups import CapacityGroup, CompareGroup, positive
 
 register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, needs this module
 MODES = ("run", "capacity", "study", "compare")
@@ -66,7 +66,8 @@ class ArrivalGroup:
 
 @dataclass
 class TargetGroup:
-    """Where runs replay (loadgen.targets.TARGETS); each kind reads some of the settings."""
+    """Where runs replay (loadgen.targets.TARGETS, which names an unknown kind as the run's target is made);
+    each kind reads some of the settings."""
 
     kind: str
     timeout_s: float = 600.0
@@ -87,9 +88,7 @@ class TargetGroup:
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
-        from stallfree.loadgen.targets import target_class
 
-        target_class(self.kind)
         positive("target.timeout_s", self.timeout_s)
         require(self.max_in_flight is None or self.max_in_flight >= 1, "target.max_in_flight",
                 "an integer >= 1 or null", self.max_in_flight)

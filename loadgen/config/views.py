@@ -9,7 +9,7 @@ import json
 
 from stallfree.engine import SCHEDULERS
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
 
 
 def chunk_size(cfg: BenchConfig) -> int | None:

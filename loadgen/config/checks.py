@@ -1,5 +1,5 @@
 """Bench config validation at the entry point: the composed config becomes a BenchConfig
-(loadgen.sweep.bench_schema) or one line naming the key (exit code 2).
+(loadgen.config.schema) or one line naming the key (exit code 2).
 
 ``validate_cli`` composes the config of every value a command line sweeps (each swept value once,
 not the whole product), including the sweep presets of ``+experiment=...``, and checks each one, so a
@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from stallfree.engine.hydra_groups import CONF_DIR, ConfigError, composition_error, register_schema
+from stallfree.loadgen.config.schema import BenchConfig, load_bench
 from stallfree.loadgen.results.writable import ResultsDirError, probe_writable
-from stallfree.loadgen.sweep.bench_schema import BenchConfig, load_bench
 
 CONFIG_NAME = "bench"
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
@@ -23,7 +23,7 @@ STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids d
 
 def check(cfg: DictConfig) -> BenchConfig:
     """A composed bench config as a BenchConfig, or ConfigError for its first bad setting: the schema's
-    checks (loadgen.sweep.bench_schema), then the workload is built once and results_dir probed."""
+    checks (loadgen.config.schema), then the workload is built once and results_dir probed."""
     bench = load_bench(cfg)
     _check_workload(bench)
     _check_results_dir(Path(bench.results_dir) / bench.experiment_name)
