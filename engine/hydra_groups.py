@@ -103,15 +103,15 @@ def check_engine(config: EngineConfig) -> None:
     engine makes itself (dtype, device, backend, runner, clock, policy) are checked by the engine as it
     starts."""
     model, cache, scheduler = config.model, config.cache, config.scheduler
-    model.model = str(Path(model.model).expanduser())
-    if model.tokenizer:
-        model.tokenizer = str(Path(model.tokenizer).expanduser())
     for key in MODEL_NAMES:
         require(bool(getattr(model, key)), f"model.{key}", "a non-empty string", getattr(model, key))
-    require(model.max_model_len is None or model.max_model_len >= 2, "model.max_model_len",
-            "an integer >= 2 or null", model.max_model_len)
     require(model.tokenizer is None or bool(model.tokenizer), "model.tokenizer",
             "a tokenizer directory, a preset name or null", model.tokenizer)
+    model.model = str(Path(model.model).expanduser())
+    if model.tokenizer is not None:
+        model.tokenizer = str(Path(model.tokenizer).expanduser())
+    require(model.max_model_len is None or model.max_model_len >= 2, "model.max_model_len",
+            "an integer >= 2 or null", model.max_model_len)
     if model.cost_model is not None:
         model.cost_model = cost_model_file(model.cost_model, "model.cost_model")
     require(model.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", model.op_split_every)
