@@ -98,10 +98,10 @@ def register_schema() -> None:
 
 
 def check_engine(config: EngineConfig) -> None:
-    """The ranges of an EngineConfig made from a composed config (ConfigError names the key); a named
-    ``model.cost_model`` becomes the file it names, and ``~`` in paths the home directory. Choices the
-    engine makes itself (dtype, device, backend, runner, clock, policy) are checked by the engine as it
-    starts."""
+    """The ranges of an EngineConfig made from a composed config (ConfigError names the key);
+    ``model.cost_model`` must name a file or a committed cost model (kept as given: run ids hash it, and the
+    runner resolves it), and ``~`` in paths becomes the home directory. Choices the engine makes itself
+    (dtype, device, backend, runner, clock, policy) are checked by the engine as it starts."""
     model, cache, scheduler = config.model, config.cache, config.scheduler
     for key in MODEL_NAMES:
         require(bool(getattr(model, key)), f"model.{key}", "a non-empty string", getattr(model, key))
@@ -113,7 +113,7 @@ def check_engine(config: EngineConfig) -> None:
     require(model.max_model_len is None or model.max_model_len >= 2, "model.max_model_len",
             "an integer >= 2 or null", model.max_model_len)
     if model.cost_model is not None:
-        model.cost_model = cost_model_file(model.cost_model, "model.cost_model")
+        cost_model_file(model.cost_model, "model.cost_model")
     require(model.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", model.op_split_every)
     require(cache.block_size >= 1, "cache.block_size", "an integer >= 1", cache.block_size)
     require(is_number(cache.kv_memory_gib) and cache.kv_memory_gib > 0, "cache.kv_memory_gib", "a number > 0",
