@@ -55,7 +55,7 @@ def default_slos(frame, decode_batch: int, margin: float) -> list[float]:
 def served(args: argparse.Namespace, slo_ms: float, chunk: int) -> dict:
     """One run of sarathi at ``chunk`` and ``args.qps`` (an experiment of its own); its summary."""
     experiment = f"budget-{slo_ms:g}ms-{args.qps:g}qps"
-    bench(args, f"experiment_name={experiment}", "scheduler=sarathi", f"chunk_size={chunk}", f"qps={args.qps}",
+    bench(args, f"experiment_name={experiment}", "scheduler=sarathi", f"scheduler.chunk_size={chunk}", f"qps={args.qps}",
           f"slo.tbt_ms={slo_ms}", f"num_requests={args.num_requests}", f"seed={args.seed}")
     summaries = sorted((Path(args.results_dir) / experiment).glob("*/summary.json"), key=os.path.getmtime)
     return json.loads(summaries[-1].read_text())

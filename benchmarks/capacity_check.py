@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.keep_pace import checks
 from stallfree.loadgen.sweep.live_target import LiveTarget
@@ -39,7 +39,7 @@ SMOKE_DURATION_S = 5.0
 def bench_config(overrides: list[str]) -> BenchConfig:
     from hydra import compose, initialize_config_dir
 
-    from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check
+    from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, check
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return check(compose(CONFIG_NAME, overrides))
@@ -51,7 +51,7 @@ def open_loop_run(cfg: BenchConfig, targets: LiveTarget, qps: float, duration_s:
     exp_dir = Path(cfg.results_dir) / cfg.experiment_name
     slo = resolve_slo(cfg, exp_dir, targets)
     unloaded, _ = cached_unloaded_ttft(cfg, exp_dir, targets)
-    run_cfg = dataclasses.replace(cfg.with_qps(qps).with_num_requests(max(2, math.ceil(qps * duration_s))), mode="run")
+    run_cfg = dataclasses.replace(cfg.with_qps(qps), num_requests=max(2, math.ceil(qps * duration_s)), mode="run")
     summary = run_point(run_cfg, targets, slo=slo, unloaded_ttft=unloaded)
     results = checks(summary, slo["slo_tbt_ms"], cfg.capacity)
     failed = {r.rule for r in results if not r.passed}

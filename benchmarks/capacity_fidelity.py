@@ -24,7 +24,7 @@ def capacity_search(args: argparse.Namespace, runner: str, policy: str, chunk_si
     bench = Path(sys.executable).with_name("stallfree-bench")
     experiment = f"{runner}-{policy}-{chunk_size}"
     cmd = [str(bench), "+experiment=capacity", f"experiment_name={experiment}", f"results_dir={args.results_dir}",
-           f"model={args.model}", f"scheduler={policy}", f"chunk_size={chunk_size}", f"slo={args.slo}",
+           f"model={args.model}", f"scheduler={policy}", f"scheduler.chunk_size={chunk_size}", f"slo={args.slo}",
            f"num_requests={args.num_requests}", f"repeats={args.repeats}", *extra]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)

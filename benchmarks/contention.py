@@ -87,7 +87,7 @@ def served(qps: float, targets: list[str], num_requests: int) -> list[dict]:
         # target=http's client gives way to the server by target.client_nice (default 5): measured at 0 too
         for adaptive, nice in ((False, 0), (True, 0), (True, 5)) if target == "http" else ((False, None), (True, None)):
             with tempfile.TemporaryDirectory() as tmp:
-                cmd = [str(bench), f"target={target}", "model=small", "scheduler=sarathi", "chunk_size=512",
+                cmd = [str(bench), f"target={target}", "model=small", "scheduler=sarathi", "scheduler.chunk_size=512",
                        f"qps={qps}", f"num_requests={num_requests}", "workload=fixed", "workload.lengths.prompt=512",
                        "workload.lengths.output=32", f"model.adaptive_cpu_threads={str(adaptive).lower()}",
                        f"results_dir={tmp}", "experiment_name=contention", "min_engine_cpu_share=0",

@@ -26,7 +26,7 @@ from stallfree.loadgen.workload.request_specs import RequestSpec
 def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> ServerProcess:
     """A stallfree-serve of ``model`` (sarathi at ``chunk_size``) on 127.0.0.1:``port``, answering."""
     command = [os.path.join(os.path.dirname(sys.executable), "stallfree-serve"), f"model={model}",
-               "scheduler=sarathi", f"chunk_size={chunk_size}", f"port={port}", *overrides]
+               "scheduler=sarathi", f"scheduler.chunk_size={chunk_size}", f"port={port}", *overrides]
     log = Path(tempfile.gettempdir()) / f"stallfree-serve-{port}.log"
     return ServerProcess(command, f"http://127.0.0.1:{port}", log).start()
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from stallfree.engine import LLMEngine
-from stallfree.engine.hydra_groups import ModelGroup, SchedulerGroup, compose, engine_config, typed
+from stallfree.engine.hydra_groups import compose, engine_of
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 from stallfree.loadgen.targets.inprocess import replay
@@ -32,10 +32,10 @@ from stallfree.loadgen.workload.request_specs import build_workload
 def probe(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     cfg = compose("bench", [f"model={args.model}", f"scheduler={args.scheduler}", f"workload={args.workload}",
-                            "workload.lengths.scale=1", f"workload.max_total_tokens={args.max_total_tokens}"],
+                            "workload.lengths.scale=1", f"workload.max_total_tokens={args.max_total_tokens}",
+                            f"scheduler.chunk_size={args.chunk_size}"],
                   "simulator_speed")
-    engine = LLMEngine.from_config(engine_config(typed(ModelGroup, cfg["model"], "model."),
-                                     typed(SchedulerGroup, cfg["scheduler"], "scheduler."), args.chunk_size))
+    engine = LLMEngine.from_config(engine_of(cfg))
     specs = build_workload({"kind": "poisson", "qps": args.qps}, cfg["workload"]["lengths"], args.num_requests,
                            0, engine.vocab_size, args.max_total_tokens)
     built, cpu_start = time.perf_counter(), time.process_time()

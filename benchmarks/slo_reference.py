@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.loadgen.config.checks import CONF_DIR
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.slo import probe_reference
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -260,7 +260,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vs_vllm_client-"))
     print(f"logs, traces and vLLM's result files: {work}", flush=True)
     stallfree = [str(Path(sys.executable).with_name("stallfree-serve")), f"model={args.model}", "model.dtype=float32",
-                 "scheduler=sarathi", "chunk_size=512"]
+                 "scheduler=sarathi", "scheduler.chunk_size=512"]
     commands = {
         "stallfree": ([*stallfree, "port=8131"], 8131),
         # the control: iterations take the cost model's time (sleeps), so CPU contention barely moves the server

@@ -106,7 +106,7 @@ def main() -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     # Both servers stay up and take turns, so a slow spell of the machine falls on both; each round has
     # prompts of its own (vLLM caches prefixes, stallfree does not).
-    ours = start_server(args.model, 8124, args.chunk, f"model.dtype={dtype}", f"model.kv_memory_gib={args.kv_gib}")
+    ours = start_server(args.model, 8124, args.chunk, f"model.dtype={dtype}", f"cache.kv_memory_gib={args.kv_gib}")
     peer = None
     try:
         peer = start_vllm(args.peer, model_dir, 8125, args.chunk, dtype, args.kv_gib, log)

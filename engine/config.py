@@ -1,7 +1,14 @@
-"""Engine configuration dataclasses."""
+"""Engine configuration dataclasses.
+
+They are also the schema of the Hydra configs under ``conf/``: ``stallfree-serve``, ``stallfree-bench``
+and ``stallfree-profile`` compose each field as the key ``<section>.<field>`` (``cache.block_size``;
+engine.hydra_groups.register_schema, which also checks the values: check_engine), so a field added here is
+a key of every command.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass
@@ -13,13 +20,16 @@ class ModelConfig:
     seed: int = 0  # sampling seed for requests without their own
     attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn | triton
     runner: str = "model"  # model (real forward pass) | simulated (engine/runner/simulated.py: a cost model)
-    cost_model: str | None = None  # simulated: a CostModel JSON; None: profile this model's real runner once
+    # simulated: a CostModel JSON file (or the file name of one committed with the package); None: profile this
+    # model's real runner once
+    cost_model: str | None = None
     clock: str = "real"  # simulated: real (iterations sleep) | virtual (offline, time is a counter)
     cuda_graphs: bool = True  # CUDA: replay decode-only steps from CUDA graphs (graph-safe backends: triton)
     tokenizer: str | None = None  # a tokenizer directory or preset name; None: the model directory's own
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry no text (vLLM's flag)
-    # simulated: a GPU deployment (engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
-    deployment: dict | None = None
+    # Any, not dict | None: OmegaConf cannot merge a mapping into an Optional[Dict] that is None, which
+    # model.deployment={...} on the command line does.
+    deployment: Any = None  # simulated: a GPU deployment (a mapping: engine/simulator/deployment.py) instead of a checkpoint and a fitted cost model
     op_split_every: int = 0  # time linear layers and attention every Nth iteration (0: never; engine/utilization)
     # CPU: run each iteration with the cores other processes leave free (engine/runner/cpu_threads.py);
     # false: torch's fixed thread count
@@ -39,13 +49,13 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    policy: str = "sarathi"  # vllm | orca | faster_transformer | sarathi | chunked_prefill
+    policy: str = "sarathi"  # vllm | orca | faster_transformer | sarathi | chunked_prefill | hybrid
     chunk_size: int = 512  # token budget per iteration (sarathi, chunked_prefill)
     max_num_seqs: int = 128  # requests in a batch at most
     max_num_batched_tokens: int = 4096  # token budget of the vllm policy
 
 
-@dataclass(frozen=True)
+@dataclass
 class ParallelConfig:
     """How many processes run the model (engine/distributed/; vLLM's names). 1 and 1: one process."""
 
@@ -79,3 +89,8 @@ class EngineConfig:
                 raise ValueError(f"unknown engine option {key!r}")
             knobs[section][name] = value
         return cls(**{section: c(**knobs[section]) for section, c in sections.items()})
+
+    def engine_sections(self) -> EngineConfig:
+        """The engine's own sections: a command's config (loadgen's BenchConfig) extends EngineConfig with
+        settings of its own, and builds the engine of these."""
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineConfig)})

@@ -136,8 +136,8 @@ class LLMEngine:
                           self.clock() if arrival_time is None else arrival_time, self.max_model_len)
         needed = blocks_for(request.max_num_tokens, self.kv.block_size)
         if needed > self.kv.num_blocks - self.kv.watermark_blocks:
-            budget = ("LLM(gpu_memory_utilization=...)" if self.device.type == "cuda"
-                      else "model.kv_memory_gib (LLM(kv_memory_gib=...))")
+            budget = ("cache.gpu_memory_utilization (LLM(gpu_memory_utilization=...))" if self.device.type == "cuda"
+                      else "cache.kv_memory_gib (LLM(kv_memory_gib=...))")
             raise ValueError(f"request needs {needed} KV blocks but the cache has {self.kv.num_blocks}; "
                              f"raise {budget} or lower max_tokens")
         self.scheduler.add_request(request)

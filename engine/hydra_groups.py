@@ -1,11 +1,12 @@
-"""The one mapping from the Hydra config groups under ``conf/`` to engine settings.
+"""The Hydra configs under ``conf/`` and the engine's config dataclasses (engine/config.py), which are
+their schema.
 
-``stallfree-serve`` and ``stallfree-bench`` both compose ``conf/`` (the ``model`` and ``scheduler`` groups
-plus their own keys). This module holds the typed ``model`` and ``scheduler`` groups (ModelGroup,
-SchedulerGroup), turns a composed config into such dataclasses once at an entry point (``typed``: every
-error one line naming its key), builds the EngineConfig of two groups, and writes Hydra override values
-(one quoting rule). It needs no torch, and imports Hydra only when it composes, so the load generator can
-import it cheaply.
+``stallfree-serve``, ``stallfree-bench`` and ``stallfree-profile`` compose ``conf/``: each starts from
+``engine_schema`` (``register_schema``: every section of EngineConfig with its defaults), the ``model``
+presets and ``scheduler`` policies set some of its keys, and each command adds keys of its own. This
+module registers that schema, turns a composed config into dataclasses once at an entry point (``typed``:
+every error one line naming its key) and writes Hydra override values (one quoting rule). It needs no
+torch, and imports Hydra only when it composes, so the load generator can import it cheaply.
 """
 from __future__ import annotations
 
@@ -17,11 +18,10 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from stallfree.engine.config import EngineConfig
 
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
@@ -29,7 +29,8 @@ CONF_DIR = Path(str(importlib.resources.files("stallfree.conf")))
 # Cost models committed with the package (engine/fitting/cost_models/), named by file name in a setting.
 COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "fitting" / "cost_models"
 # Names the engine checks itself when it starts (their choices live with the code that uses them).
-MODEL_NAMES = ("dtype", "device", "attention_backend", "runner", "clock")
+MODEL_NAMES = ("model", "dtype", "device", "attention_backend", "runner", "clock")
+SCHEMA_NAME = "engine_schema"  # the first entry of conf/serve.yaml's, bench.yaml's and profile.yaml's defaults
 T = TypeVar("T")
 
 
@@ -53,13 +54,22 @@ def is_number(value: object) -> bool:
 
 def override(key: str, value: object) -> str:
     """``key=value`` as a Hydra command-line override that Hydra reads back as exactly ``value``:
-    numbers, booleans and null as such, strings quoted literally (commas, '=', quotes, backslashes)."""
+    numbers, booleans and null as such, strings quoted literally (commas, '=', quotes, backslashes),
+    mappings and lists of those."""
+    return f"{key}={_hydra_value(value)}"
+
+
+def _hydra_value(value: object) -> str:
     if isinstance(value, str):
         # Hydra's rule inside single quotes: a quote, and any backslashes right before a quote or the end,
         # get a backslash each.
         quoted = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), value)
-        return f"{key}='{quoted}'"
-    return f"{key}={'null' if value is None else json.dumps(value)}"
+        return f"'{quoted}'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    return "null" if value is None else json.dumps(value)
 
 
 def cost_model_file(value: object, key: str) -> str:
@@ -73,81 +83,61 @@ def cost_model_file(value: object, key: str) -> str:
     return str(COST_MODELS_DIR / value)
 
 
-@dataclass
-class ModelGroup:
-    """The ``model`` group (conf/model/); checks that need no torch (unknown dtypes, devices, backends,
-    runners and clocks are reported by the engine as it starts)."""
+def register_schema() -> None:
+    """Store EngineConfig's sections, with their defaults, in Hydra's ConfigStore as ``engine_schema``: the
+    commands' configs start from it, so every engine field is a key (``cache.block_size=32``) that Hydra
+    type-checks as it composes, and ``--cfg job`` shows it. ``model.model`` has no default there: a preset
+    of conf/model/ names it (``model=path``: ``model.model=DIR``); a ``???`` merged over a default would
+    leave the default."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import MISSING
 
-    name: str
-    dtype: str
-    device: str
-    attention_backend: str
-    runner: str
-    clock: str
-    path: str | None = None  # model=path: the checkpoint directory (the name follows it)
-    cost_model: str | None = None
-    max_model_len: int | None = None
-    kv_memory_gib: float | None = None  # required unless a deployment sizes the KV cache itself
-    tokenizer: str | None = None
-    skip_tokenizer_init: bool = False
-    cuda_graphs: bool = True
-    deployment: dict[str, Any] | None = None  # checked by engine/simulator/deployment.py
-    op_split_every: int = 0
-    adaptive_cpu_threads: bool = True  # CPU: threads = the cores other processes leave free
-    tensor_parallel_size: int = 1  # processes that split each layer (engine/distributed/)
-    pipeline_parallel_size: int = 1  # processes that each run a stage of layers
-
-    def __post_init__(self) -> None:
-        for key in ("name", *MODEL_NAMES):
-            require(bool(getattr(self, key)), f"model.{key}", "a non-empty string", getattr(self, key))
-        require(self.path is None or Path(self.path).expanduser().is_dir(), "model.path", "a checkpoint directory",
-                self.path)
-        require(self.max_model_len is None or self.max_model_len >= 2, "model.max_model_len",
-                "an integer >= 2 or null", self.max_model_len)
-        if self.deployment is None:  # a deployment sizes its KV cache itself (engine/simulator/memory_plan.py)
-            require(is_number(self.kv_memory_gib) and self.kv_memory_gib > 0, "model.kv_memory_gib", "a number > 0",
-                    self.kv_memory_gib)
-        require(self.tokenizer is None or bool(self.tokenizer), "model.tokenizer",
-                "a tokenizer directory, a preset name or null", self.tokenizer)
-        if self.cost_model is not None:
-            self.cost_model = cost_model_file(self.cost_model, "model.cost_model")  # the file it names, once
-        require(self.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", self.op_split_every)
-        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-            require(getattr(self, key) >= 1, f"model.{key}", "an integer >= 1", getattr(self, key))
+    schema = {f.name: f.default_factory() for f in dataclasses.fields(EngineConfig)}
+    schema["model"].model = MISSING
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
 
 
-@dataclass
-class SchedulerGroup:
-    """The ``scheduler`` group (conf/scheduler/)."""
+def check_engine(config: EngineConfig) -> None:
+    """The ranges of an EngineConfig made from a composed config (ConfigError names the key);
+    ``model.cost_model`` must name a file or a committed cost model (kept as given: run ids hash it, and the
+    runner resolves it), and ``~`` in paths becomes the home directory. Choices the engine makes itself
+    (dtype, device, backend, runner, clock, policy) are checked by the engine as it starts."""
+    model, cache, scheduler = config.model, config.cache, config.scheduler
+    for key in MODEL_NAMES:
+        require(bool(getattr(model, key)), f"model.{key}", "a non-empty string", getattr(model, key))
+    require(model.tokenizer is None or bool(model.tokenizer), "model.tokenizer",
+            "a tokenizer directory, a preset name or null", model.tokenizer)
+    model.model = str(Path(model.model).expanduser())
+    if model.tokenizer is not None:
+        model.tokenizer = str(Path(model.tokenizer).expanduser())
+    require(model.max_model_len is None or model.max_model_len >= 2, "model.max_model_len",
+            "an integer >= 2 or null", model.max_model_len)
+    if model.cost_model is not None:
+        cost_model_file(model.cost_model, "model.cost_model")
+    require(model.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", model.op_split_every)
+    require(cache.block_size >= 1, "cache.block_size", "an integer >= 1", cache.block_size)
+    require(is_number(cache.kv_memory_gib) and cache.kv_memory_gib > 0, "cache.kv_memory_gib", "a number > 0",
+            cache.kv_memory_gib)
+    utilization = cache.gpu_memory_utilization
+    require(utilization is None or (is_number(utilization) and 0 < utilization <= 1), "cache.gpu_memory_utilization",
+            "a number in (0, 1] or null", utilization)
+    require(cache.num_blocks is None or cache.num_blocks >= 1, "cache.num_blocks", "an integer >= 1 or null",
+            cache.num_blocks)
+    require(is_number(cache.watermark) and 0 <= cache.watermark < 1, "cache.watermark", "a number in [0, 1)",
+            cache.watermark)
+    for key in ("chunk_size", "max_num_seqs", "max_num_batched_tokens"):
+        require(getattr(scheduler, key) >= 1, f"scheduler.{key}", "an integer >= 1", getattr(scheduler, key))
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        require(getattr(config.parallel, key) >= 1, f"parallel.{key}", "an integer >= 1", getattr(config.parallel, key))
+    require(is_number(config.parallel.startup_timeout_s) and config.parallel.startup_timeout_s > 0,
+            "parallel.startup_timeout_s", "a number > 0", config.parallel.startup_timeout_s)
 
-    name: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
 
-    def __post_init__(self) -> None:
-        for key in ("max_num_seqs", "max_num_batched_tokens"):
-            require(getattr(self, key) >= 1, f"scheduler.{key}", "an integer >= 1", getattr(self, key))
-
-
-def engine_config(model: ModelGroup, scheduler: SchedulerGroup, chunk_size: int | None) -> EngineConfig:
-    """The engine of the ``model`` and ``scheduler`` groups. ``chunk_size`` None leaves the engine's default
-    (policies that do not chunk ignore it)."""
-    sched = SchedulerConfig(policy=scheduler.name, max_num_seqs=scheduler.max_num_seqs,
-                            max_num_batched_tokens=scheduler.max_num_batched_tokens)
-    if chunk_size is not None:
-        require(is_int(chunk_size) and chunk_size >= 1, "chunk_size", "an integer >= 1", chunk_size)
-        sched.chunk_size = chunk_size
-    return EngineConfig(
-        model=ModelConfig(
-            model=model.name if model.path is None else str(Path(model.name).expanduser()), dtype=model.dtype,
-            device=model.device, max_model_len=model.max_model_len, attention_backend=model.attention_backend,
-            runner=model.runner, cost_model=model.cost_model,
-            clock=model.clock, cuda_graphs=model.cuda_graphs,
-            tokenizer=None if model.tokenizer is None else str(Path(model.tokenizer).expanduser()),
-            skip_tokenizer_init=model.skip_tokenizer_init, deployment=model.deployment,
-            op_split_every=model.op_split_every, adaptive_cpu_threads=model.adaptive_cpu_threads),
-        cache=CacheConfig(kv_memory_gib=1.0 if model.kv_memory_gib is None else model.kv_memory_gib),
-        scheduler=sched, parallel=ParallelConfig(model.tensor_parallel_size, model.pipeline_parallel_size))
+def engine_of(composed: Mapping) -> EngineConfig:
+    """The EngineConfig of a composed config (its sections at the top level), checked once."""
+    config = typed(EngineConfig, {f.name: composed[f.name] for f in dataclasses.fields(EngineConfig)})
+    check_engine(config)
+    return config
 
 
 def typed(schema: type[T], data: Mapping, prefix: str = "") -> T:
@@ -179,23 +169,57 @@ def _rule(schema: type, key: str) -> str:
     return " or ".join(kinds + ["null"] * (type(None) in args)) or "a valid value"
 
 
-def serve_overrides(model: Mapping, scheduler: Mapping, server: Mapping) -> list[str]:
-    """The ``stallfree-serve`` command line that serves these groups (``model.path`` is implied by its name)."""
-    knobs = {f"model.{key}": value for key, value in model.items() if key != "path"}
-    knobs |= {f"scheduler.{key}": value for key, value in scheduler.items()}
-    knobs |= server
-    return [override(key, value) for key, value in knobs.items()]
+def serve_overrides(engine: EngineConfig, server: Mapping) -> list[str]:
+    """The ``stallfree-serve`` command line that serves this engine: every field, as ``<section>.<field>``."""
+    knobs = {f"{section}.{key}": value for section, values in dataclasses.asdict(engine).items()
+             for key, value in values.items()}
+    return [override(key, value) for key, value in (knobs | dict(server)).items()]
 
 
 def compose(config_name: str, overrides: list[str], job_name: str) -> dict:
     """``conf/<config_name>.yaml`` with command-line overrides, resolved to plain containers."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+    register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=job_name):
-        cfg = hydra_compose(config_name=config_name, overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        try:
+            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise composition_error(e) from None
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} is required (set {e.full_key}=...)") from None
+
+
+def composition_error(e: Exception) -> ConfigError:
+    """A Hydra composition error as one line naming the key (an unknown group option, a value of the wrong
+    type, an unknown key: with the engine key of that name, where there is one)."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ValidationError
+
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        return ConfigError(f"{group}: unknown option {option!r} (choose from: {', '.join(e.options)})")
+    if str(e).startswith("Error merging override") and e.__cause__ is not None:  # the cause names key and value
+        key, _, value = str(e).split()[-1].partition("=")
+        sections = {f.name for f in dataclasses.fields(EngineConfig)}
+        if isinstance(e.__cause__, ValidationError) and key.split(".")[0] in sections:  # an engine key's type
+            return ConfigError(f"{key} must be {_rule(EngineConfig, key)}, got {value!r}")
+        return ConfigError(f"{key}: {str(e.__cause__).splitlines()[0]}")
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    match = re.match(r"Could not override '([^']+)'", lines[0]) if lines else None
+    if match and len(lines) > 1 and lines[1].startswith("To append"):
+        key = match.group(1)
+        engine_keys = [f"{section.name}.{key}" for section in dataclasses.fields(EngineConfig)
+                       if key in {f.name for f in dataclasses.fields(section.default_factory)}]
+        hint = f"did you mean {' or '.join(engine_keys)}?" if engine_keys else lines[1]
+        return ConfigError(f"{key}: unknown key ({hint})")
+    return ConfigError(" ".join(lines).split(" Config search path:")[0] or type(e).__name__)
 
 
 def one_line(exc: BaseException) -> str:

@@ -1,8 +1,7 @@
-"""Architecture rules (docs/architecture.md): import contracts, no module-level import cycles, small
+"""Architecture rules (docs/architecture.md): import contracts, no import cycles, small
 source files, and no reference to a file outside the repository."""
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -40,41 +39,6 @@ def test_engine_core_contract_lists_every_core_module():
     assert not unlisted, f"engine modules missing from the engine-core contract in pyproject.toml: {unlisted}"
 
 
-def _runtime_module_level_lines(path: Path) -> set[int]:
-    """Line numbers of the import statements that run when the module is imported: at module level, in
-    top-level if/try/with blocks and class bodies; not inside functions and not under ``if TYPE_CHECKING``."""
-    lines: set[int] = set()
-
-    def visit(nodes):
-        for node in nodes:
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-            elif isinstance(node, ast.If):
-                test = ast.unparse(node.test)
-                if test not in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-                    visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try | ast.TryStar):
-                visit(node.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-                for handler in node.handlers:
-                    visit(handler.body)
-            elif isinstance(node, ast.With | ast.ClassDef):
-                visit(node.body)
-
-    visit(ast.parse(path.read_text(), str(path)).body)
-    return lines
-
-
-def _module_path(module: str) -> Path | None:
-    base = ROOT.joinpath(*module.split(".")[1:])  # the folder under the stallfree namespace
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One cycle of the directed graph, as [a, b, ..., a], or None."""
     state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
@@ -98,22 +62,13 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_module_level_import_cycle():
-    """grimp finds every import (also those inside functions); only the ones that run at import time
-    (module level, see _runtime_module_level_lines) make a cycle."""
+def test_no_import_cycle():
+    """grimp finds every import, also those inside functions and under ``if TYPE_CHECKING``: none makes a
+    cycle (a type two modules share lives in one of them)."""
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
-    edges: dict[str, set[str]] = {}
-    for importer in graph.modules:
-        path = _module_path(importer)
-        if path is None:
-            continue
-        top_lines = _runtime_module_level_lines(path)
-        for imported in graph.find_modules_directly_imported_by(importer):
-            details = graph.get_import_details(importer=importer, imported=imported)
-            if any(d["line_number"] in top_lines for d in details):
-                edges.setdefault(importer, set()).add(imported)
+    edges = {importer: set(graph.find_modules_directly_imported_by(importer)) for importer in graph.modules}
     cycle = _find_cycle(edges)
-    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_nothing_imports_the_bench_entry_point():

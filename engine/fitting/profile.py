@@ -20,6 +20,7 @@ from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import cpu_description
 from stallfree.engine.fitting.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
+from stallfree.engine.hydra_groups import cost_model_file
 from stallfree.engine.outputs import BatchRecord
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import CLOCKS
@@ -56,7 +57,9 @@ def resolve_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     if mc.runner != "simulated" or mc.deployment is not None:
         return None
     CLOCKS[mc.clock]  # a bad model.clock fails before the profile runs, not after
-    return CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config, make_engine)
+    if mc.cost_model:
+        return CostModel.load(cost_model_file(mc.cost_model, "model.cost_model"))
+    return profile_cost_model(config, make_engine)
 
 
 def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig], ProfiledEngine], *,

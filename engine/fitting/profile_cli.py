@@ -10,38 +10,30 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from stallfree.engine.hydra_groups import (
-    ModelGroup,
-    SchedulerGroup,
-    compose,
-    engine_config,
-    one_line,
-    require,
-    typed,
-)
+from stallfree.engine import EngineConfig
+from stallfree.engine.hydra_groups import check_engine, compose, one_line, require, typed
 
 PROG = "stallfree-profile"
-USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.path=DIR] [num_requests=N] [seed=N]
+USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.model=DIR] [num_requests=N] [seed=N]
        {PROG} recheck=PATH output=PATH [model=...]
 
-Hydra overrides of conf/profile.yaml (the model group is the one stallfree-bench uses). Profiles on the
+Hydra overrides of conf/profile.yaml (the model group and engine keys are the ones stallfree-bench uses). Profiles on the
 model's device (model.device), writes the cost model with what it was fitted on and its held-out error.
 With recheck=PATH it profiles nothing: a speed check of a few seconds (engine/fitting/speed_check.py)
 rescales the cost model at PATH to how fast the model's real runner runs now, and writes it to output."""
 
 
-@dataclass
-class ProfileConfig:
-    """conf/profile.yaml, checked."""
+@dataclass(kw_only=True)
+class ProfileConfig(EngineConfig):
+    """conf/profile.yaml, checked: the engine's sections, then the profile's."""
 
-    model: ModelGroup
-    scheduler: SchedulerGroup
     output: str  # where the cost model JSON goes
     recheck: str | None = None  # a cost model JSON to rescale to this machine's speed now, instead of profiling
     num_requests: int = 24  # requests per profiled policy
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_engine(self)
         require(self.num_requests >= 2, "num_requests", "an integer >= 2", self.num_requests)
 
 
@@ -54,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = typed(ProfileConfig, compose("profile", args, job_name=PROG))
-        config = engine_config(cfg.model, cfg.scheduler, None)
+        config = cfg.engine_sections()
         if cfg.recheck:
             return _recheck(cfg, config)
         with tqdm(total=3 * cfg.num_requests, desc="profiling", unit="req") as bar:

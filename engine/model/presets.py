@@ -51,7 +51,7 @@ def resolve_model_path(model: str) -> Path:
     path = Path(model).expanduser()
     if not path.is_dir():
         names = sorted(PRESETS | GGUF_PRESETS | SHAPE_PRESETS)
-        raise ValueError(f"model {model!r} is neither a preset {names} nor a checkpoint directory")
+        raise ValueError(f"model.model {model!r} is neither a preset {names} nor a checkpoint directory")
     return path
 
 

@@ -1,7 +1,8 @@
 """``stallfree-serve``: an OpenAI-compatible HTTP server over one LLMEngine (FastAPI + uvicorn).
 
-Command line (Hydra overrides of conf/serve.yaml, which reuses the ``model/`` and ``scheduler/`` groups):
-    stallfree-serve scheduler=sarathi chunk_size=512 model=small port=8000 [--api-key KEY]
+Command line (Hydra overrides of conf/serve.yaml, which reuses the ``model/`` and ``scheduler/`` groups and
+takes every engine key, ``<section>.<field>`` of EngineConfig):
+    stallfree-serve scheduler=sarathi scheduler.chunk_size=512 model=small port=8000 [--api-key KEY]
 
 In process (tests, the bench harness): ``stallfree.engine.server.start_server`` (engine/server/launcher.py).
 """
@@ -13,17 +14,7 @@ import sys
 from dataclasses import fields
 
 from stallfree.engine import EngineConfig
-from stallfree.engine.hydra_groups import (
-    CONF_DIR,
-    ModelGroup,
-    SchedulerGroup,
-    compose,
-    engine_config,
-    one_line,
-    override,
-    require,
-    typed,
-)
+from stallfree.engine.hydra_groups import CONF_DIR, compose, engine_of, one_line, override, require, typed
 from stallfree.engine.server.app import ServerConfig, build_app
 from stallfree.engine.server.launcher import uvicorn_server
 
@@ -36,11 +27,13 @@ def _options(group: str) -> str:
 
 USAGE = f"""usage: stallfree-serve [MODEL_OR_PATH] [KEY=VALUE ...] [--api-key KEY] [--host HOST] [--port PORT]
 
-MODEL_OR_PATH (as `vllm serve`): a model preset, or an HF checkpoint directory (model=path model.path=DIR).
+MODEL_OR_PATH (as `vllm serve`): a model preset, or an HF checkpoint directory (model=path model.model=DIR).
 Hydra overrides of conf/serve.yaml, e.g.
-  stallfree-serve small scheduler=sarathi chunk_size=512 port=8000
-  stallfree-serve /ckpt/llama scheduler=vllm --api-key secret
+  stallfree-serve small scheduler=sarathi scheduler.chunk_size=512 port=8000
+  stallfree-serve /ckpt/llama scheduler=vllm cache.block_size=32 --api-key secret
 Groups: model ({_options("model")}), scheduler ({_options("scheduler")}).
+Engine keys: every field of EngineConfig as <section>.<field> (model.*, cache.*, scheduler.*: the table in
+docs/engine.md#configuration; `stallfree-bench --cfg job` prints them with their values).
 Server keys: host, port (0: a free port), api_key, metrics_require_api_key, max_waiting, max_body_bytes,
 served_model_name, timeout_graceful_shutdown, log_level, body_read_timeout_s, header_read_timeout_s,
 timeout_keep_alive_s, batch_history_max_records, batch_history_max_age_s. Prints a "ready" line once it
@@ -57,7 +50,7 @@ def _overrides(args: list[str]) -> list[str]:
     if args and "=" not in args[0] and not args[0].startswith("-"):  # MODEL_OR_PATH
         first = next(rest)
         out += [f"model={first}"] if (CONF_DIR / "model" / f"{first}.yaml").is_file() else [
-            "model=path", override("model.path", first)]
+            "model=path", override("model.model", first)]
     for arg in rest:
         flag, eq, value = arg.partition("=")
         if flag in FLAGS:
@@ -75,12 +68,11 @@ def _overrides(args: list[str]) -> list[str]:
 def _configs(args: list[str]) -> tuple[EngineConfig, ServerConfig]:
     """Compose conf/serve.yaml with the overrides and check it once: (engine config, server config)."""
     cfg = compose(CONFIG_NAME, _overrides(args), job_name="stallfree-serve")
-    model = typed(ModelGroup, cfg["model"], "model.")
-    require(model.clock == "real", "model.clock", "'real' (a server's virtual time means nothing to a client)",
-            model.clock)
-    engine = engine_config(model, typed(SchedulerGroup, cfg["scheduler"], "scheduler."), cfg["chunk_size"])
+    engine = engine_of(cfg)
+    require(engine.model.clock == "real", "model.clock", "'real' (a server's virtual time means nothing to a client)",
+            engine.model.clock)
     server = typed(ServerConfig, {f.name: cfg[f.name] for f in fields(ServerConfig)})
-    server.served_model_name = server.served_model_name or model.name
+    server.served_model_name = server.served_model_name or engine.model.model
     server.validate()
     return engine, server
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stallfree.engine.hydra_groups import CONF_DIR
-from stallfree.loadgen.sweep.bench_schema import SloGroup, load_group
+from stallfree.loadgen.config.schema import SloGroup, load_group
 
 WINDOW_S = 10.0
 SHOWN_WINDOWS = 12  # the tab shows the latest windows; the CSV has them all

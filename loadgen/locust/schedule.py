@@ -14,7 +14,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from stallfree.engine.hydra_groups import CONF_DIR
-from stallfree.loadgen.sweep.bench_schema import WorkloadGroup, load_group
+from stallfree.loadgen.config.schema import WorkloadGroup, load_group
 from stallfree.loadgen.workload.request_specs import RequestSpec, build_workload, is_text_workload
 
 BLOCK = 256  # generated schedules are built this many requests at a time

@@ -23,9 +23,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import model_vocab_size
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.sweep.bench_config import model_vocab_size
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.openai_server import settled_shape
 from stallfree.loadgen.targets.serve_process import ServeProcess
@@ -97,7 +97,7 @@ class LocustTarget:
         self.engine_label = None
         if t.url is None:
             server = self._resources.enter_context(ServeProcess(cfg, log_dir))
-            self.url, self.served_model, self.engine_pid = server.url, cfg.model.name, server.process.pid
+            self.url, self.served_model, self.engine_pid = server.url, cfg.model.model, server.process.pid
         else:
             self.url, self.engine_pid = t.url.rstrip("/"), None
             described = describe_server(self.url, t.served_model)

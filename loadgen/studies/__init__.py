@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from stallfree.engine import LLMEngine
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest
 from stallfree.loadgen.studies.catalog import STUDIES, check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import write_rows
-from stallfree.loadgen.sweep.bench_config import digest, engine_config
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
 __all__ = ["run_study"]
 
@@ -22,7 +22,7 @@ _engine: tuple[str, LLMEngine] | None = None  # (config digest, engine) of the l
 
 def _engine_for(cfg: BenchConfig) -> LLMEngine:
     global _engine
-    config = engine_config(cfg)
+    config = cfg.engine_sections()
     if config.model.deployment is not None:  # a pipelined deployment runs the studies' iterations one at a time
         model = dataclasses.replace(config.model, deployment={**config.model.deployment, "max_in_flight": 1})
         config = dataclasses.replace(config, model=model)
@@ -35,7 +35,7 @@ def _engine_for(cfg: BenchConfig) -> LLMEngine:
 
 def run_info(cfg: BenchConfig, engine: LLMEngine) -> dict:
     limits = engine.utilization.limits
-    return {"model": cfg.model.name, "device": limits.device if limits else str(engine.device),
+    return {"model": cfg.model.model, "device": limits.device if limits else str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."), "peak_flops": limits.peak_flops if limits else None,
             "bandwidth": limits.bandwidth if limits else None}
 

@@ -9,7 +9,7 @@ points such a run; ``mode=compare`` (``+experiment=compare``) a contender's QPS 
 search (loadgen.sweep.side_by_side).
 
 Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
-server-side knob (model, scheduler, chunk_size) changes; other launchers make one per job. Every run
+engine key (``model.*``, ``cache.*``, ``scheduler.*``) changes; other launchers make one per job. Every run
 prints its place in the sweep and an ETA (loadgen.sweep.progress, a Hydra callback in conf/bench.yaml).
 """
 from __future__ import annotations
@@ -21,13 +21,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, check, validate_cli
+from stallfree.loadgen.config.errors import exit_on_error
+from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.results.writable import results_dir_error
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
-from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, check, validate_cli
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import run_repeats
-from stallfree.loadgen.sweep.run_errors import exit_on_error
 from stallfree.loadgen.sweep.side_by_side import run_compare
 
 PROG = "stallfree-bench"
@@ -58,7 +58,7 @@ def _run(bench: BenchConfig) -> None:
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     def job() -> None:
-        bench = check(cfg)  # the only use of the raw config: from here on, typed (loadgen.sweep.bench_schema)
+        bench = check(cfg)  # the only use of the raw config: from here on, typed (loadgen.config.schema)
         try:
             _run(bench)
         except OSError as e:  # a write into results_dir that failed mid-sweep (a full disk) ends as exit 2 too

@@ -20,6 +20,7 @@ configure that server): a job whose search this process already ran says so in o
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,18 +28,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.search_groups import CapacityGroup
 from stallfree.loadgen.results.capacity_bound import capacity_text, mean_bound, search_bound
 from stallfree.loadgen.results.repeat_stats import mean_interval
 from stallfree.loadgen.results.request_metrics import UnloadedTtft
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.keep_pace import checks, reason
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
 from stallfree.loadgen.sweep.progress import RunPart
-from stallfree.loadgen.sweep.search_groups import CapacityGroup
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 
@@ -159,7 +160,7 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: Unlo
     c, points = cfg.capacity, []
 
     def run(qps: float, num_requests: int, part: RunPart) -> dict:
-        point_cfg = cfg.with_qps(qps).with_num_requests(num_requests)
+        point_cfg = dataclasses.replace(cfg.with_qps(qps), num_requests=num_requests)
         args = {"capacity_slo": cfg.slo.name, "part": part, "slo": slo, "unloaded_ttft": unloaded}
         summary = run_point(point_cfg, targets, **args)
         if summary.get("disturbed"):
@@ -199,7 +200,7 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     plan = plan_run(cfg, capacity_slo=cfg.slo.name)
     key = make_run_id({"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
                        "slo": cfg.slo.name, "cfg": plan.digest})
-    job, record_path = f"scheduler={cfg.scheduler.name} slo={cfg.slo.name}", exp_dir / ".capacity" / f"{key}.json"
+    job, record_path = f"scheduler={cfg.scheduler.policy} slo={cfg.slo.name}", exp_dir / ".capacity" / f"{key}.json"
     if record_path in _searched and record_path.is_file():
         print(f"[capacity] {job}: same search as {_searched[record_path]} ({plan.params['scheduler']}), "
               "not run again", flush=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stallfree.loadgen.sweep.search_groups import CapacityGroup
+from stallfree.loadgen.config.search_groups import CapacityGroup
 
 
 @dataclass(frozen=True)

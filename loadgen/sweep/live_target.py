@@ -1,13 +1,12 @@
 """The live target of a sweep: kept across runs while the server-side config (target kind and URL, or
-model / scheduler / chunk_size) and the request shape (target.token_ids, ignore_eos, tokenizer) stay the
+the engine: loadgen.config.views.engine_identity) and the request shape (target.token_ids, ignore_eos, tokenizer) stay the
 same, and replaced, after a short warm-up, when they change."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from stallfree.loadgen.sweep.bench_config import digest, engine_config
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest, engine_identity
 from stallfree.loadgen.targets import Target, target_class
 from stallfree.loadgen.workload.request_specs import build_workload
 
@@ -24,7 +23,7 @@ class LiveTarget:
     def get(self, cfg: BenchConfig, log_dir: Path) -> Target:
         """The run's target, reusing the open one when its server-side config is the same."""
         t = cfg.target  # the request shape is settled when a target is made: a new shape makes a new target
-        key = digest([t.kind, t.url or dataclasses.asdict(engine_config(cfg)), t.token_ids, t.ignore_eos, t.tokenizer])
+        key = digest([t.kind, t.url or engine_identity(cfg), t.token_ids, t.ignore_eos, t.tokenizer])
         if self._target is None or key != self._key:
             self.close()
             target = target_class(cfg.target.kind)(cfg, log_dir)

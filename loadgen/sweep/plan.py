@@ -7,16 +7,17 @@ did not configure it, so they are neither in its id nor in its config.yaml.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from stallfree.engine import EngineConfig
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import chunk_size, digest, engine_identity
 from stallfree.loadgen.results.run_dir import make_run_id
-from stallfree.loadgen.sweep.bench_config import chunk_size, digest
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 
-MEASURED_SECTIONS = ("model", "scheduler", "workload", "arrival", "target", "num_requests", "warmup", "seed")
-SERVER_SECTIONS = tuple(key for key in MEASURED_SECTIONS if key not in ("model", "scheduler"))
+MEASURED_SECTIONS = ("workload", "arrival", "target", "num_requests", "warmup", "seed")  # and the engine's
 
 
 @dataclass
@@ -25,14 +26,15 @@ class RunPlan:
     run_id: str
     digest: str  # hash of the measured settings other than the swept knobs in the run id
     params: dict  # run parameters, the first keys of summary.json (point_id: the same for every seed)
-    config: dict  # what config.yaml records: the composed config, a running server's without engine knobs
+    config: dict  # what config.yaml records: the BenchConfig, a running server's without the engine's sections
 
     @property
     def run_dir(self) -> Path:
         return self.exp_dir / self.run_id
 
 
-ENGINE_KNOBS = ("model", "scheduler", "chunk_size")  # configure an engine the bench runs, not a server elsewhere
+# The engine's sections configure an engine the bench runs, not a server elsewhere.
+ENGINE_SECTIONS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,10 @@ def _server_config(cfg: BenchConfig, server: ServerIdentity) -> dict:
     """A running server's run config: the target as the run saw it, its workload and load, no engine knobs.
     ``prompt_tokenizer`` names what writes the text prompts of a workload of lengths (the model's, when
     no tokenizer is set, only for that)."""
-    composed = {k: v for k, v in cfg.composed.items() if k not in ENGINE_KNOBS}
-    target = {**composed["target"], "label": server.label, "served_model": server.served_model}
-    return composed | {"target": target,
-                       "prompt_tokenizer": cfg.target.tokenizer or cfg.workload.tokenizer or cfg.model.name}
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ENGINE_SECTIONS}
+    target = {**config["target"], "label": server.label, "served_model": server.served_model}
+    return config | {"target": target,
+                     "prompt_tokenizer": cfg.target.tokenizer or cfg.workload.tokenizer or cfg.model.model}
 
 
 def engine_dtype(cfg: BenchConfig) -> str:
@@ -83,19 +85,20 @@ def engine_dtype(cfg: BenchConfig) -> str:
 
 def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = False) -> RunPlan:
     """Where a run goes and what it is. The id hashes every setting that shapes the measurement
-    (not the SLO, which only changes the summary, except for the points of a capacity search), as composed
-    (BenchConfig.composed), so a run keeps its id across versions of the schema; a running server's
-    (``target.url``) hashes its config without engine knobs (``_server_config``) and is named by its label.
+    (not the SLO, which only changes the summary, except for the points of a capacity search): the engine's
+    every field (loadgen.config.views.engine_identity) and the measured groups of the BenchConfig; a running server's
+    (``target.url``) hashes its config without the engine's sections (``_server_config``) and is named by its
+    label.
     ``rerun``: the second measurement of a disturbed point, a run of its own (``rerun=1`` in the id)."""
     server = server_identity(cfg)
     if server is None:
-        config = cfg.composed
-        measured = {key: cfg.composed[key] for key in MEASURED_SECTIONS} | {"chunk_size": chunk_size(cfg)}
-        point = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg)}
-        labels = {"scheduler": cfg.scheduler.name, "chunk_size": chunk_size(cfg), "model": cfg.model.name}
+        config = dataclasses.asdict(cfg)
+        measured = {key: config[key] for key in MEASURED_SECTIONS} | {"engine": engine_identity(cfg)}
+        point = {"scheduler": cfg.scheduler.policy, "chunk_size": chunk_size(cfg)}
+        labels = {"scheduler": cfg.scheduler.policy, "chunk_size": chunk_size(cfg), "model": cfg.model.model}
     else:
         config = _server_config(cfg, server)
-        measured = {key: config[key] for key in (*SERVER_SECTIONS, "prompt_tokenizer")}
+        measured = {key: config[key] for key in (*MEASURED_SECTIONS, "prompt_tokenizer")}
         point = {"engine": server.slug}
         labels = {"scheduler": server.label, "chunk_size": None, "model": server.served_model,
                   "engine_label": server.label}

@@ -17,6 +17,9 @@ import time
 
 from tqdm import tqdm
 
+from stallfree.loadgen.config.errors import TargetError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import workload_tokenizer
 from stallfree.loadgen.openai_client.completions import lost_connection
 from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
 from stallfree.loadgen.results.records import RequestRecord
@@ -28,14 +31,11 @@ from stallfree.loadgen.results.run_dir import (
     write_run,
 )
 from stallfree.loadgen.results.summary_block import result_block
-from stallfree.loadgen.sweep.bench_config import workload_tokenizer
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport, placement
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import RunPlan, plan_run
 from stallfree.loadgen.sweep.progress import RunPart, current
-from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.targets.server_metrics import ServerMetrics, not_scraped
 from stallfree.loadgen.workload.request_specs import build_workload
@@ -77,7 +77,7 @@ def target_failure(records: list[RequestRecord]) -> str | None:
 def repeat_configs(cfg: BenchConfig) -> list[BenchConfig]:
     """One config per repeat of a point (``repeats``): seeds seed, seed + 1, ... (the repeats of a
     point share its ``point_id``)."""
-    return [cfg.with_seed(cfg.seed + repeat) for repeat in range(cfg.repeats)]
+    return [dataclasses.replace(cfg, seed=cfg.seed + repeat) for repeat in range(cfg.repeats)]
 
 
 def repeat_part(repeat_cfg: BenchConfig, repeat: int, share: float = 1.0) -> RunPart:

@@ -1,5 +1,5 @@
 """Sweep progress: one line per run with its place in the sweep and an ETA, on a TTY or in a log, e.g.
-``[3/16] scheduler=sarathi chunk_size=128 qps=4 done in 41 s, ETA 8 min``.
+``[3/16] scheduler=sarathi scheduler.chunk_size=128 qps=4 done in 41 s, ETA 8 min``.
 
 ``SweepProgress`` is a Hydra callback (``hydra.callbacks`` in conf/bench.yaml). ``on_multirun_start``
 counts the jobs as the basic sweeper plans them and notes the start; ``on_job_start`` makes it this

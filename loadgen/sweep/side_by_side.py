@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.errors import TargetError
+from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import repeat_configs, run_point
 from stallfree.loadgen.sweep.progress import RunPart
-from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.targets.server_check import served_models
 
 DEFAULT_PORT = 8000

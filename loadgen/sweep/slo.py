@@ -22,6 +22,7 @@ The summary records ``slo_reference_method``, ``slo_reference_disturbed``, ``slo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -31,12 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.engine.hydra_groups import cost_model_file
+from stallfree.loadgen.config.errors import TargetError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.sweep.bench_config import digest
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.sweep.live_target import LiveTarget
-from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.targets.base import Target
 from stallfree.loadgen.workload.request_specs import build_workload
 
@@ -127,8 +128,8 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
         return Reference(cfg.slo.reference_ms, "pinned", False)
     if cfg.slo.reference_cost_model is not None:
         return cost_model_reference(cfg, cost_model_file(cfg.slo.reference_cost_model, "slo.reference_cost_model"))
-    key = {"model": cfg.composed["model"], "target": cfg.target.kind, "url": cfg.target.url,
-           "probe": cfg.composed["decode_probe"]}
+    key = {"model": dataclasses.asdict(cfg.model), "cache": dataclasses.asdict(cfg.cache), "target": cfg.target.kind,
+           "url": cfg.target.url, "probe": dataclasses.asdict(cfg.decode_probe)}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
     if path.is_file():
         cached = json.loads(path.read_text())

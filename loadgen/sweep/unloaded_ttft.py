@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from stallfree.loadgen.config.errors import TargetError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import digest, workload_tokenizer
 from stallfree.loadgen.results.request_metrics import UnloadedTtft
-from stallfree.loadgen.sweep.bench_config import digest, workload_tokenizer
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.sweep.live_target import LiveTarget
-from stallfree.loadgen.sweep.run_errors import TargetError
 from stallfree.loadgen.targets.base import Target
 from stallfree.loadgen.workload.request_specs import build_workload
 
@@ -62,8 +62,8 @@ def cached_unloaded_ttft(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -
     """``measure_unloaded_ttft`` once per model / target / workload / seed, cached in ``exp_dir/.probes/`` like
     the SLO reference (loadgen.sweep.slo), so a resumed search judges its cached points by the same line;
     ``rerun=all`` measures it again once per process."""
-    key = {"model": cfg.composed["model"], "target": cfg.target.kind, "url": cfg.target.url,
-           "workload": cfg.composed["workload"], "seed": cfg.seed, "num_requests": cfg.num_requests}
+    key = {"model": dataclasses.asdict(cfg.model), "cache": dataclasses.asdict(cfg.cache), "target": cfg.target.kind,
+           "url": cfg.target.url, "workload": dataclasses.asdict(cfg.workload), "seed": cfg.seed, "num_requests": cfg.num_requests}
     path = exp_dir / ".probes" / f"unloaded-ttft-{digest(key)}.json"
     if path.is_file() and (cfg.rerun != "all" or path in _measured_here):
         record = json.loads(path.read_text())["unloaded_ttft"]

@@ -12,7 +12,7 @@ from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 if TYPE_CHECKING:
-    from stallfree.loadgen.sweep.bench_schema import BenchConfig
+    from stallfree.loadgen.config.schema import BenchConfig
     from stallfree.loadgen.targets.server_metrics import ServerMetrics
 
 Progress = Callable[[RequestRecord], None]

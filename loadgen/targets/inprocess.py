@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import model_vocab_size
 from stallfree.loadgen.results.records import RequestRecord, as_row
-from stallfree.loadgen.sweep.bench_config import engine_config, model_vocab_size
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import ENGINE_SHAPE, TARGETS, Progress, Replay
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
@@ -138,10 +138,10 @@ class InProcessTarget:
         from stallfree.engine import LLMEngine
 
         try:
-            self.engine = LLMEngine.from_config(engine_config(cfg))
+            self.engine = LLMEngine.from_config(cfg.engine_sections())
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
-        print(f"[target] {cfg.model.name} in this process: dtype {self.engine.dtype_choice}", flush=True)
+        print(f"[target] {cfg.model.model} in this process: dtype {self.engine.dtype_choice}", flush=True)
         self.vocab_size = model_vocab_size(cfg)
         # On a virtual clock the run's times do not depend on the CPU it gets: nothing to measure.
         self.engine_pid = None if cfg.virtual_time else os.getpid()

@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import model_vocab_size, prompt_tokenizer_dir
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.sweep.bench_config import model_vocab_size, prompt_tokenizer_dir
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay, RequestShape
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
@@ -93,7 +93,7 @@ class HttpTarget(_OpenLoopHttpTarget):
     """target=http: a stallfree-serve of the run's server-side config, stopped by ``close``."""
 
     def __init__(self, cfg: BenchConfig, log_dir: Path):
-        super().__init__(cfg, cfg.model.name)
+        super().__init__(cfg, cfg.model.model)
         self._resources = contextlib.ExitStack()
         self.server = self._resources.enter_context(ServeProcess(cfg, log_dir))
         self.url, self.engine_pid = self.server.url, self.server.process.pid

@@ -1,5 +1,5 @@
-"""A ``stallfree-serve`` process for a bench run: the run's model / scheduler groups
-(engine.hydra_groups.serve_overrides) on ``target.host`` / ``target.port`` (0: a free port), logging to
+"""A ``stallfree-serve`` process for a bench run: the run's engine, every field
+(engine.hydra_groups.serve_overrides), on ``target.host`` / ``target.port`` (0: a free port), logging to
 ``<log_dir>/server-<port>.log``; started and answering on enter, stopped on exit (server_process.py)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from stallfree.engine.hydra_groups import ConfigError, serve_overrides
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.targets.server_process import ServerExited, ServerProcess, free_port
 
 
@@ -15,10 +15,10 @@ class ServeProcess(ServerProcess):
     def __init__(self, cfg: BenchConfig, log_dir: Path):
         t = cfg.target
         port = t.port or free_port(t.host)
-        server = {"chunk_size": cfg.chunk_size, "host": t.host, "port": port, "served_model_name": cfg.model.name}
+        server = {"host": t.host, "port": port, "served_model_name": cfg.model.model}
         exe = Path(sys.executable).with_name("stallfree-serve")
         command = [str(exe) if exe.exists() else "stallfree-serve",
-                   *serve_overrides(cfg.composed["model"], cfg.composed["scheduler"], server)]
+                   *serve_overrides(cfg.engine_sections(), server)]
         super().__init__(command, f"http://{t.host}:{port}", log_dir / f"server-{port}.log",
                          startup_timeout_s=t.startup_timeout_s)
 

@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.loadgen.sweep.run_errors import TargetError
+from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.targets.base import RequestShape
 
 TIMEOUT_S = 10.0

@@ -97,8 +97,8 @@ def test_tables(frame):
 @pytest.mark.slow
 def test_report_includes_phases_notebook(tmp_path, tiny_path):
     from stallfree.engine.hydra_groups import compose
+    from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.studies import run_study
-    from stallfree.loadgen.sweep.bench_schema import load_bench
 
     for experiment, overrides in (
             ("phases", ["study.decode_batch_sizes=[1,4]", "study.decode_context=16", "study.prefill_sizes=[16,32]",

@@ -18,7 +18,7 @@ BENCH = Path(sys.executable).parent / "stallfree-bench"
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("e2e")
-    args = ["-m", "scheduler=vllm,sarathi", "chunk_size=32,64", "qps=4,16", "workload=fixed",
+    args = ["-m", "scheduler=vllm,sarathi", "scheduler.chunk_size=32,64", "qps=4,16", "workload=fixed",
             "workload.lengths.prompt=96", "workload.lengths.output=12", "num_requests=12",
             "experiment_name=e2e", f"results_dir={root}"]
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

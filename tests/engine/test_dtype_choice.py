@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from stallfree.engine import device
 from stallfree.engine.device import choose_dtype
-from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.engine.hydra_groups import compose
 
 
 @pytest.mark.parametrize("native, dtype, why", [(True, torch.bfloat16, "has native bf16"),
@@ -29,4 +28,4 @@ def test_auto_on_cuda_and_a_setting_of_its_own():
 
 @pytest.mark.parametrize("preset", ["smollm2", "small"])
 def test_presets_choose_like_vllm(preset):
-    assert yaml.safe_load((CONF_DIR / "model" / f"{preset}.yaml").read_text())["dtype"] == "auto"
+    assert compose("serve", [f"model={preset}"], "test")["model"]["dtype"] == "auto"

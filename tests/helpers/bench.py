@@ -40,8 +40,8 @@ def url_run(url: str, results_dir: Path, *overrides: str) -> dict:
     (target=url, an absolute SLO: no probe); its summary. Results go to results_dir/default/."""
     from hydra import compose, initialize_config_dir
 
-    from stallfree.loadgen.sweep.bench_schema import load_bench
-    from stallfree.loadgen.sweep.config_check import CONF_DIR
+    from stallfree.loadgen.config.checks import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.sweep.live_target import LiveTarget
     from stallfree.loadgen.sweep.point import run_point
 

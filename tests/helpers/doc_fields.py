@@ -27,19 +27,26 @@ def module_source(module: str) -> Path:
 
 
 def field_rows(qualified: str) -> list[tuple[str, str, str]]:
-    """(name, type, comment) of each annotated field of a class, read from its source."""
+    """(name, type, comment) of each annotated field of a class, read from its source. A field whose type
+    is a class of the same module (EngineConfig's sections) stands for that class's fields, named
+    ``<field>.<its field>`` (the Hydra keys ``model.dtype``, ``cache.block_size``, ...)."""
     module, _, cls = qualified.rpartition(".")
     path = module_source(module)
     lines = path.read_text().splitlines()
     tree = ast.parse("\n".join(lines))
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
-    if node is None:
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if cls not in classes:
         raise LookupError(f"no class {cls} in {path.relative_to(ROOT)}")
     rows = []
-    for stmt in node.body:
+    for stmt in classes[cls].body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
-        rows.append((stmt.target.id, ast.unparse(stmt.annotation), _comment(lines, stmt)))
+        annotation = ast.unparse(stmt.annotation)
+        if annotation in classes and annotation != cls:
+            rows += [(f"{stmt.target.id}.{name}", kind, comment)
+                     for name, kind, comment in field_rows(f"{module}.{annotation}")]
+        else:
+            rows.append((stmt.target.id, annotation, _comment(lines, stmt)))
     return rows
 
 

@@ -51,12 +51,12 @@ def test_engine_refuses_before_starting_a_process(tiny_path):
 
 
 def test_serve_exits_2_with_one_line(capsys):
-    assert cli.main(["tiny", "model.device=cpu", "model.tensor_parallel_size=3"]) == 2
+    assert cli.main(["tiny", "model.device=cpu", "parallel.tensor_parallel_size=3"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("stallfree-serve: error: tensor_parallel_size=3 does not divide the model's 4 attention heads "
                    "(4 attention heads, 2 KV heads)")
 
 
 def test_serve_refuses_a_size_below_one(capsys):
-    assert cli.main(["tiny", "model.pipeline_parallel_size=0"]) == 2
-    assert "model.pipeline_parallel_size must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(["tiny", "parallel.pipeline_parallel_size=0"]) == 2
+    assert "parallel.pipeline_parallel_size must be an integer >= 1, got 0" in capsys.readouterr().err

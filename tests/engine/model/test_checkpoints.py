@@ -128,6 +128,6 @@ def test_broken_checkpoint_is_one_line_naming_the_file(tmp_path, breakage, named
 def test_serve_reports_a_broken_checkpoint_in_one_line(tmp_path, capsys):
     path = checkpoint(tmp_path)
     _truncate_weights(path)
-    assert main(["model=path", f"model.path={path}", "port=0"]) == 2
+    assert main(["model=path", f"model.model={path}", "port=0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path / WEIGHTS}: not a readable safetensors file" in err

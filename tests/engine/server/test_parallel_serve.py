@@ -1,4 +1,4 @@
-"""``stallfree-serve ... model.tensor_parallel_size=2``: completions and streams on two processes, and a
+"""``stallfree-serve ... parallel.tensor_parallel_size=2``: completions and streams on two processes, and a
 worker killed mid-stream: the stream ends with an error naming it, the server exits 1, no process remains."""
 import os
 import signal
@@ -19,7 +19,7 @@ BODY = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 16, "temperature"
 def test_tp2_server_answers_then_exits_1_when_a_worker_dies():
     exe = Path(sys.executable).with_name("stallfree-serve")
     proc = subprocess.Popen([str(exe), "tiny", "port=0", "model.dtype=float32", "model.device=cpu",
-                             "model.kv_memory_gib=0.01", "model.tensor_parallel_size=2"], stdout=subprocess.PIPE,
+                             "cache.kv_memory_gib=0.01", "parallel.tensor_parallel_size=2"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:
         line = proc.stdout.readline()

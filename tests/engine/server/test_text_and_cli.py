@@ -42,13 +42,18 @@ def test_stop_string_filter_holds_back_possible_prefixes():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["scheduler=nope"], "Could not find 'scheduler/nope'"),
+    (["scheduler=nope"], "scheduler: unknown option 'nope'"),
     (["port=-1"], "port must be in [0, 65535]"),
-    (["foo=1"], "Could not override 'foo'"),
-    (["model=path"], "model.path"),
+    (["foo=1"], "foo: unknown key"),
+    (["chunk_size=64"], "chunk_size: unknown key (did you mean scheduler.chunk_size?)"),
+    (["cache.block_size=abc"], "cache.block_size must be an integer, got 'abc'"),
+    (["cache.watermark=1.5"], "cache.watermark must be a number in [0, 1), got 1.5"),
+    (["cache.gpu_memory_utilization=0"], "cache.gpu_memory_utilization must be a number in (0, 1] or null"),
+    (["cache.num_blocks=0"], "cache.num_blocks must be an integer >= 1 or null"),
+    (["model=path"], "model.model"),
     (["max_waiting=0"], "max_waiting"),
     (["--api-key"], "--api-key needs a value"),
-    (["model.kv_memory_gib=-1"], "model.kv_memory_gib must be a number > 0, got -1"),
+    (["cache.kv_memory_gib=-1"], "cache.kv_memory_gib must be a number > 0, got -1"),
     (["model.dtype=fp8"], "unknown model.dtype 'fp8'"),
     (["model.runner=simulated", "model.clock=virtual"], "model.clock must be 'real'"),
     (["model.max_model_len=0"], "model.max_model_len must be"),
@@ -66,7 +71,7 @@ def test_cli_bad_values_exit_2_with_one_line(args, message, capsys):
 @pytest.mark.slow
 def test_cli_ready_line_and_sigterm():
     exe = Path(sys.executable).with_name("stallfree-serve")
-    proc = subprocess.Popen([str(exe), "port=0", "model.dtype=float32", "model.kv_memory_gib=0.01",
+    proc = subprocess.Popen([str(exe), "port=0", "model.dtype=float32", "cache.kv_memory_gib=0.01",
                              "--api-key", "k", "metrics_require_api_key=true"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:

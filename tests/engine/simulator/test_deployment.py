@@ -17,7 +17,7 @@ PRESETS = ("mistral7b_a100", "yi34b_a100_tp2", "llama2_70b_a40_tp4_pp2", "falcon
 def test_presets_compose_into_deployments(preset):
     model = compose("bench", [f"model={preset}"], "test")["model"]
     d = Deployment.from_config(model["deployment"])
-    assert model["name"] == preset and model["runner"] == "simulated" and model["clock"] == "virtual"
+    assert model["model"] == preset and model["runner"] == "simulated" and model["clock"] == "virtual"
     assert (d.tp, d.pp) == {"yi34b_a100_tp2": (2, 1), "llama2_70b_a40_tp4_pp2": (4, 2),
                             "falcon180b_a100_tp4_pp2": (4, 2), "falcon180b_a100_tp8": (8, 1)}.get(preset, (1, 1))
     assert d.gpu_memory_utilization == 0.9 and d.max_batch_size == 128

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.hydra_groups import ModelGroup, SchedulerGroup, compose, engine_config, typed
+from stallfree.engine.hydra_groups import compose, engine_of, override
 from stallfree.loadgen.results.records import as_row
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload
@@ -39,10 +39,9 @@ def setup(case: str) -> tuple[LLMEngine, list]:
     model, scheduler, chunk_size, workload, qps, num_blocks = CASES[case]
     cfg = compose("bench", [f"model={model}", f"scheduler={scheduler}", f"workload={workload}",
                             "workload.lengths.scale=1", "workload.max_total_tokens=8192",
-                            "scheduler.max_num_batched_tokens=8192"], "seeded_runs")
-    config = engine_config(typed(ModelGroup, cfg["model"], "model."), typed(SchedulerGroup, cfg["scheduler"], "scheduler."),
-                           chunk_size)
-    config.cache.num_blocks = num_blocks
+                            "scheduler.max_num_batched_tokens=8192", f"scheduler.chunk_size={chunk_size}",
+                            override("cache.num_blocks", num_blocks)], "seeded_runs")
+    config = engine_of(cfg)
     engine = LLMEngine.from_config(config)
     specs = build_workload({"kind": "poisson", "qps": qps}, cfg["workload"]["lengths"], 60, 7, engine.vocab_size,
                            8192)

@@ -8,11 +8,11 @@ from omegaconf import OmegaConf
 
 from stallfree.engine import LLMEngine
 from stallfree.engine.hydra_groups import ConfigError, compose
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.studies import run_study
 from stallfree.loadgen.studies.catalog import check_study
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import COLUMNS, RUN_COLUMNS
-from stallfree.loadgen.sweep.bench_schema import load_bench
 from tests.helpers.fakes.machine_limits import fake_machine_limits
 
 

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from stallfree.engine import choose_dtype
+from stallfree.loadgen.config.checks import ConfigError, validate_cli
 from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA
-from stallfree.loadgen.sweep.config_check import ConfigError, validate_cli
 from tests.helpers.bench import bench, kill_after_first_run, run_dirs
 
-SWEEP = ["-m", "scheduler=vllm,sarathi", "chunk_size=128,256", "qps=4,8", "workload=fixed",
+SWEEP = ["-m", "scheduler=vllm,sarathi", "scheduler.chunk_size=128,256", "qps=4,8", "workload=fixed",
          "workload.lengths.prompt=32", "workload.lengths.output=8", "num_requests=4"]
 UNIQUE_RUNS = 6  # vllm ignores chunk_size: its two chunk sizes are one run per qps
 
@@ -96,15 +96,15 @@ def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["+experiment=pareto", "model=path"], "model.path is required"),
-    (["+experiment=pareto", "scheduler=sarathi", "chunk_size=0"], "chunk_size must be an integer >= 1"),
+    (["+experiment=pareto", "model=path"], "model.model is required"),
+    (["+experiment=pareto", "scheduler=sarathi", "scheduler.chunk_size=0"], "chunk_size must be an integer >= 1"),
     (["+experiment=capacity", "capacity.start_qps=1000"], "capacity.start_qps must be within"),
     (["target=url"], "target.url is required"),
     (["arrival=trace", "arrival.name=/no/such.csv"], "arrival.name: trace name '/no/such.csv'"),
     (["qps=[1"], "qps=[1: "),
     (["-m", "qps=1,2", "hydra/launcher=nope"], "hydra/launcher: unknown option 'nope'"),
     (["-m", "qps=1,2", "hydra/launcher=local_parallel", "hydra.launcher.n_jobs=two"],
-     "hydra.launcher.n_jobs=two: Value 'two'"),
+     "hydra.launcher.n_jobs: Value 'two'"),
 ])
 def test_validate_cli_checks_every_swept_value(args, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
@@ -150,7 +150,7 @@ def test_simulated_sweep_on_a_virtual_clock(tmp_path):
 def test_a_preset_sweeps_without_m_and_prints_each_runs_place(tmp_path):
     """conf/experiment presets set hydra.mode: MULTIRUN; the command line's values override the preset's
     sweep (pareto: 5 policies x 2 chunk sizes x 4 loads, here 2 policies x 1 x 2)."""
-    args = ["+experiment=pareto", "scheduler=vllm,sarathi", "chunk_size=64", "qps=4,8", "model.runner=simulated",
+    args = ["+experiment=pareto", "scheduler=vllm,sarathi", "scheduler.chunk_size=64", "qps=4,8", "model.runner=simulated",
             "model.clock=virtual", "num_requests=4", f"results_dir={tmp_path}"]
     done = bench(args, tmp_path)
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stallfree.loadgen.sweep.config_check import ConfigError, validate_cli
+from stallfree.loadgen.config.checks import ConfigError, validate_cli
 from tests.helpers.bench import bench, run_dirs
 from tests.helpers.paths import DATA
 

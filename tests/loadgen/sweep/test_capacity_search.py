@@ -104,9 +104,9 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
-    from stallfree.loadgen.sweep.bench_schema import load_bench
 
     capacities, calls, parts, slos = {0: 4.0, 1: 6.0}, [], [], []
     slo = {"slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None}
@@ -147,9 +147,9 @@ def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
-    from stallfree.loadgen.sweep.bench_schema import load_bench
 
     sent = []
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.config_check import CONF_DIR
+from stallfree.loadgen.config.checks import CONF_DIR
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.cpu_share import (
     TICK_S,
     CpuMonitor,

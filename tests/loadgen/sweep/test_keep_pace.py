@@ -3,9 +3,9 @@ server-side rule applies only where the target reports the field."""
 import pytest
 from hydra import compose, initialize_config_dir
 
-from stallfree.loadgen.sweep.bench_schema import load_bench
+from stallfree.loadgen.config.checks import CONF_DIR
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.capacity_search import point_from_summary
-from stallfree.loadgen.sweep.config_check import CONF_DIR
 
 KEPT_PACE = {"qps": 2.0, "run_id": "r", "completed": 100, "failed": 0, "p99_tbt_ms": 50.0,
              "median_scheduling_delay_ms": 100.0, "completion_ratio": 0.98, "peak_in_flight": 5,

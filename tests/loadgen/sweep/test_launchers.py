@@ -33,7 +33,7 @@ def sweep_args(tmp_path_factory, tiny_path) -> list[str]:
     """A capacity sweep of 4 jobs (tiny_path: the preset exists before parallel jobs read it)."""
     cost_model = tmp_path_factory.mktemp("cost") / "tiny-test.json"
     cost_model.write_text(json.dumps(COST_MODEL))
-    return ["+experiment=capacity", "scheduler=vllm,sarathi", "chunk_size=64,128", "slo=strict",
+    return ["+experiment=capacity", "scheduler=vllm,sarathi", "scheduler.chunk_size=64,128", "slo=strict",
             "slo.tbt_ms=30", "model.runner=simulated", "model.clock=virtual", f"model.cost_model={cost_model}",
             "workload=fixed", "workload.lengths.prompt=64", "workload.lengths.output=16", "arrival=constant",
             "num_requests=16", "capacity.start_qps=32", "capacity.tolerance=0.25",

@@ -37,7 +37,7 @@ def test_committed_roofline_cost_model_matches_the_shape_and_the_h200_limits():
     ("llama2_70b_a40_tp4_pp2", "relaxed", 5000, 1536), ("falcon180b_a100_tp4_pp2", "strict", 1000, 512)])
 def test_paper_preset_takes_each_deployments_slo_and_token_budget(model, slo, tbt_ms, chunk):
     cfg = compose("bench", ["+experiment=paper", f"model={model}", f"slo={slo}", "scheduler=sarathi"], "test")
-    assert (cfg["slo"]["tbt_ms"], cfg["chunk_size"], cfg["num_requests"]) == (tbt_ms, chunk, 2048)
+    assert (cfg["slo"]["tbt_ms"], cfg["scheduler"]["chunk_size"], cfg["num_requests"]) == (tbt_ms, chunk, 2048)
     assert cfg["capacity"]["max_p50_scheduling_delay_s"] == 2.0
     assert cfg["workload"]["lengths"]["scale"] == 1 and cfg["workload"]["max_total_tokens"] == 8192
     params = yaml.safe_load((ROOT / "conf" / "experiment" / "paper.yaml").read_text())["hydra"]["sweeper"]["params"]

@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.engine.hydra_groups import CONF_DIR, register_schema
 from stallfree.loadgen.sweep import progress
 from stallfree.loadgen.sweep.progress import RunPart, SweepProgress, duration, sweep_plan
 
@@ -13,6 +13,7 @@ def multirun_config(task_overrides: list[str]):
     """The config Hydra gives on_multirun_start: the composed preset, with the command line's sweep
     overrides as they were typed (compose() refuses sweeps outside a multirun, so they are set after)."""
     presets = [o for o in task_overrides if o.startswith("+experiment=")]
+    register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("bench", presets, return_hydra_config=True)
     with open_dict(cfg):
@@ -21,9 +22,9 @@ def multirun_config(task_overrides: list[str]):
 
 
 @pytest.mark.parametrize("overrides, jobs, swept", [
-    (["+experiment=demo"], 12, ("scheduler", "chunk_size", "qps")),
-    (["+experiment=demo", "qps=1,2", "seed=3"], 8, ("scheduler", "chunk_size", "qps")),
-    (["+experiment=demo", "scheduler=sarathi"], 6, ("chunk_size", "qps")),
+    (["+experiment=demo"], 12, ("scheduler", "scheduler.chunk_size", "qps")),
+    (["+experiment=demo", "qps=1,2", "seed=3"], 8, ("scheduler", "scheduler.chunk_size", "qps")),
+    (["+experiment=demo", "scheduler=sarathi"], 6, ("scheduler.chunk_size", "qps")),
     (["scheduler=vllm,sarathi", "model.runner=model,simulated", "repeats=2"], 4, ("scheduler", "model.runner")),
 ])
 def test_sweep_plan_counts_the_jobs_of_preset_and_command_line(overrides, jobs, swept):
@@ -119,12 +120,12 @@ def test_result_block_and_sweep_table_in_vllm_bench_serve_terms():
 
 def test_sweep_table_lists_a_run_that_two_jobs_share_once(clock, capsys):
     """vllm ignores chunk_size: its jobs at chunk_size=128 and 256 measure one run, then read it back."""
-    tracker = SweepProgress(total=4, swept=("scheduler", "chunk_size"), started=clock.now)
+    tracker = SweepProgress(total=4, swept=("scheduler", "scheduler.chunk_size"), started=clock.now)
     base = {"completed": 8, "failed": 0, "qps": 1.0}
     runs = [("vllm", None, "vllm-1", False), ("vllm", None, "vllm-1", True),
             ("sarathi", 128, "sarathi-128-1", False), ("sarathi", 256, "sarathi-256-1", False)]
     for num, (scheduler, chunk, run_id, cached) in enumerate(runs):
-        start_job(tracker, num, [f"scheduler={scheduler}", f"chunk_size={chunk or 128 + 128 * num}"])
+        start_job(tracker, num, [f"scheduler={scheduler}", f"scheduler.chunk_size={chunk or 128 + 128 * num}"])
         tracker.run_ended({}, RunPart(), 1.0, cached=cached,
                           summary={**base, "scheduler": scheduler, "chunk_size": chunk, "run_id": run_id})
     tracker.on_multirun_end(OmegaConf.create({}))

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from stallfree.engine.hydra_groups import ConfigError
+from stallfree.loadgen.config.checks import validate_cli
 from stallfree.loadgen.results.run_dir import is_complete, write_run
 from stallfree.loadgen.results.writable import ResultsDirError
-from stallfree.loadgen.sweep.config_check import validate_cli
 from tests.helpers.paths import ROOT
 from tests.loadgen.sweep.test_user_mistakes import BIN, RUN, assert_one_line, run
 

@@ -6,8 +6,8 @@ import nbformat
 import pytest
 
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.config_check import CONF_DIR, CONFIG_NAME, validate_cli
+from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, validate_cli
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.side_by_side import run_compare
 from tests.helpers.bench import bench, run_dirs
@@ -31,10 +31,10 @@ def test_each_contender_is_its_engine_on_the_same_model_and_slo():
     assert {name: (c.target.kind, c.target.url) for name, c in contenders.items()} == {
         "stallfree_vllm": ("http", None), "stallfree_sarathi": ("http", None),
         "vllm_url": ("url", "http://127.0.0.1:8300")}
-    assert contenders["stallfree_vllm"].scheduler.name == "vllm"
-    assert contenders["stallfree_sarathi"].scheduler.name == "sarathi"
+    assert contenders["stallfree_vllm"].scheduler.policy == "vllm"
+    assert contenders["stallfree_sarathi"].scheduler.policy == "sarathi"
     for name, c in contenders.items():
-        assert (c.mode, c.compare.contender, c.compare.qps, c.model.name) == ("compare", name, [1, 2, 4], "small")
+        assert (c.mode, c.compare.contender, c.compare.qps, c.model.model) == ("compare", name, [1, 2, 4], "small")
         assert c.slo.reference_cost_model == "small-cpu.json"  # one SLO for every engine, not each one's probe
     validate_cli(["+experiment=compare"])  # every contender of the preset's sweep checks
 

@@ -3,9 +3,9 @@ measurements that must agree, a disturbed reference flagged), once per experimen
 
 from hydra import compose, initialize_config_dir
 
+from stallfree.loadgen.config.checks import CONF_DIR
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.sweep.bench_schema import load_bench
-from stallfree.loadgen.sweep.config_check import CONF_DIR
 from stallfree.loadgen.sweep.slo import decode_steps_ms, resolve_slo
 from stallfree.loadgen.targets.base import Replay
 from tests.helpers.paths import ROOT
@@ -104,7 +104,7 @@ def test_a_running_server_is_labelled_by_what_it_says_or_its_label_not_bench_def
     from stallfree.loadgen.sweep.plan import plan_run
 
     with start_server({"model": "tiny", "dtype": "float32"}) as server:
-        plan = plan_run(config("target=url", f"target.url={server.url}", "scheduler=sarathi", "chunk_size=512"))
+        plan = plan_run(config("target=url", f"target.url={server.url}", "scheduler=sarathi", "scheduler.chunk_size=512"))
         assert (plan.params["scheduler"], plan.params["chunk_size"]) == ("stallfree (url)", None)
         assert plan.run_id.startswith("engine=stallfree-url,qps=1.0")
         labelled = plan_run(config("target=url", f"target.url={server.url}", "target.label=vllm-0.6"))

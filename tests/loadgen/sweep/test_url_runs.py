@@ -13,13 +13,13 @@ from hydra import compose, initialize_config_dir
 
 from stallfree.analysis.load import coverage_note, load_runs
 from stallfree.analysis.vllm_format import export_vllm
-from stallfree.loadgen.sweep.bench_schema import load_bench
+from stallfree.loadgen.config.checks import CONF_DIR
+from stallfree.loadgen.config.errors import EXIT_CONFIG, TargetError, exit_on_error
+from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.capacity_search import run_search
-from stallfree.loadgen.sweep.config_check import CONF_DIR
 from stallfree.loadgen.sweep.live_target import WARMUP_REQUESTS, LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import run_point
-from stallfree.loadgen.sweep.run_errors import EXIT_CONFIG, TargetError, exit_on_error
 from tests.helpers.fakes.fake_sse_server import FakeBehaviour, running_fake_server
 
 VLLM = FakeBehaviour(owned_by="vllm", version="0.32.0", server_header="uvicorn")
@@ -43,7 +43,7 @@ def measure(url: str, tmp_path: Path, *overrides: str) -> dict:
 
 def test_the_servers_label_names_the_run_its_config_summary_export_and_report(tmp_path):
     with running_fake_server(1, 1, VLLM) as url:
-        plans = [plan_run(config(url, tmp_path, f"scheduler={s}", f"chunk_size={c}"))
+        plans = [plan_run(config(url, tmp_path, f"scheduler={s}", f"scheduler.chunk_size={c}"))
                  for s, c in (("sarathi", 512), ("vllm", 256))]
         summary = measure(url, tmp_path, "scheduler=sarathi")
     assert plans[0].run_id == plans[1].run_id == summary["run_id"]  # the bench's engine knobs are not the server's

@@ -1,5 +1,5 @@
 """Ten mistakes a user makes at run time, scripted: each ends with one line that says what went wrong and
-what to do, a documented exit code (loadgen.sweep.run_errors), and no traceback."""
+what to do, a documented exit code (loadgen.config.errors), and no traceback."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.engine.server import start_server
-from stallfree.loadgen.sweep.run_errors import EXIT_INTERRUPTED, exit_on_error
+from stallfree.loadgen.config.errors import EXIT_INTERRUPTED, exit_on_error
 from tests.helpers.paths import LOCUSTFILE
 
 BIN = Path(sys.executable).parent
@@ -116,7 +116,7 @@ def test_ctrl_c_during_a_finalizer_still_stops_the_command():
 
 def test_serve_a_checkpoint_that_is_not_there(tmp_path):
     done = run([BIN / "stallfree-serve", str(tmp_path / "no-such-ckpt")], tmp_path)
-    assert_one_line(done, 2, "stallfree-serve: error", "model.path")
+    assert_one_line(done, 2, "stallfree-serve: error", "model.model")
 
 
 @pytest.mark.slow

@@ -1,32 +1,35 @@
-"""The typed stallfree-bench config: one dataclass per group of conf/bench.yaml, each checking its own
-ranges. ``load_bench`` turns a composed config into a BenchConfig once, at the entry point
-(loadgen.sweep.config_check); everything inward takes that object, never the raw Hydra config.
+"""The typed stallfree-bench config: the engine's EngineConfig (its sections ``model``, ``cache``,
+``scheduler``: the schema conf/bench.yaml starts from) extended with one dataclass per group of the bench,
+each checking its own ranges. ``load_bench`` turns a composed config into a BenchConfig once, at the entry
+point (loadgen.config.checks); everything inward takes that object, never the raw Hydra config: it
+is the run's config.yaml, and run ids hash it (loadgen.sweep.plan).
 
 Settings whose names depend on a kind (``workload.lengths``, ``model.deployment``, ``study``) stay
 mappings: the function of their kind checks them (loadgen.workload.request_specs, engine/simulator,
-loadgen.studies.catalog). ``BenchConfig.composed`` keeps the config as composed and resolved: it is the
-run's config.yaml, and run ids hash its sections, so both stay what they were.
+loadgen.studies.catalog).
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stallfree.engine import EngineConfig
 from stallfree.engine.hydra_groups import (
     CONF_DIR,
     ConfigError,
-    ModelGroup,
-    SchedulerGroup,
+    check_engine,
     cost_model_file,
     is_number,
+    register_schema,
     require,
     typed,
 )
-from stallfree.loadgen.sweep.search_groups import CapacityGroup, CompareGroup, positive
+from stallfree.loadgen.config.search_groups import CapacityGroup, CompareGroup, positive
 
+register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, needs this module
 MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
@@ -63,7 +66,8 @@ class ArrivalGroup:
 
 @dataclass
 class TargetGroup:
-    """Where runs replay (loadgen.targets.TARGETS); each kind reads some of the settings."""
+    """Where runs replay (loadgen.targets.TARGETS, which names an unknown kind as the run's target is made);
+    each kind reads some of the settings."""
 
     kind: str
     timeout_s: float = 600.0
@@ -84,9 +88,7 @@ class TargetGroup:
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.openai_client.completions import ENDPOINT_PATHS
-        from stallfree.loadgen.targets import target_class
 
-        target_class(self.kind)
         positive("target.timeout_s", self.timeout_s)
         require(self.max_in_flight is None or self.max_in_flight >= 1, "target.max_in_flight",
                 "an integer >= 1 or null", self.max_in_flight)
@@ -156,12 +158,10 @@ class DecodeProbe:
         positive("decode_probe.max_spread", self.max_spread)
 
 
-@dataclass
-class BenchConfig:
-    """conf/bench.yaml, checked (see the module docstring)."""
+@dataclass(kw_only=True)
+class BenchConfig(EngineConfig):
+    """conf/bench.yaml, checked (see the module docstring): the engine's sections, then the bench's."""
 
-    model: ModelGroup
-    scheduler: SchedulerGroup
     workload: WorkloadGroup
     arrival: ArrivalGroup
     target: TargetGroup
@@ -171,7 +171,6 @@ class BenchConfig:
     experiment_name: str
     mode: str
     qps: float
-    chunk_size: int
     seed: int
     repeats: int
     num_requests: int
@@ -181,17 +180,17 @@ class BenchConfig:
     rerun: str
     study: dict[str, Any] | None = None  # mode=study (loadgen.studies.catalog checks it)
     compare: CompareGroup | None = None  # mode=compare
-    composed: dict[str, Any] = field(default_factory=dict)  # the composed config (see the module docstring)
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.workload.request_specs import is_text_workload
 
+        check_engine(self)
         require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
         require(self.mode != "compare" or self.compare is not None, "mode",
                 "'compare' only with +experiment=compare (it sets compare.qps)", self.mode)
         require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
         positive("qps", self.qps)
-        for key in ("chunk_size", "num_requests", "repeats"):
+        for key in ("num_requests", "repeats"):
             require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
         require(0 <= self.warmup < self.num_requests, "warmup", f"an integer in [0, num_requests={self.num_requests})",
                 self.warmup)
@@ -213,19 +212,11 @@ class BenchConfig:
         """A simulated engine on a virtual clock: its times do not depend on the CPU it gets."""
         return self.model.runner == "simulated" and self.model.clock == "virtual"
 
-    def with_seed(self, seed: int) -> BenchConfig:
-        return dataclasses.replace(self, seed=seed, composed={**self.composed, "seed": seed})
-
     def with_qps(self, qps: float) -> BenchConfig:
-        """The same config at another offered load (the arrival process's rate follows it)."""
-        arrival = self.composed["arrival"]
-        return dataclasses.replace(
-            self, qps=qps, arrival=dataclasses.replace(self.arrival, qps=qps if self.arrival.qps is not None else None),
-            composed={**self.composed, "qps": qps, "arrival": {**arrival, "qps": qps} if "qps" in arrival else arrival})
-
-    def with_num_requests(self, num_requests: int) -> BenchConfig:
-        return dataclasses.replace(self, num_requests=num_requests,
-                                   composed={**self.composed, "num_requests": num_requests})
+        """The same config at another offered load (the arrival process's rate, ``${qps}`` in conf/arrival/,
+        follows it)."""
+        arrival = dataclasses.replace(self.arrival, qps=qps if self.arrival.qps is not None else None)
+        return dataclasses.replace(self, qps=qps, arrival=arrival)
 
 
 def _missing_keys(node, prefix: str = "") -> list[str]:
@@ -238,7 +229,7 @@ def _missing_keys(node, prefix: str = "") -> list[str]:
 def load_bench(cfg: Mapping) -> BenchConfig:
     """A composed bench config (a DictConfig) as a BenchConfig; ConfigError names the first bad key.
     Top-level keys the schema does not know are the lookup tables of presets (``paper``, ``ablation_qps``):
-    they only feed interpolations, and stay in ``composed``."""
+    they only feed interpolations."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -249,8 +240,8 @@ def load_bench(cfg: Mapping) -> BenchConfig:
         composed = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{e.full_key}: {str(e).splitlines()[0]}") from None
-    names = {f.name for f in dataclasses.fields(BenchConfig)} - {"composed"}
-    return typed(BenchConfig, {**{k: v for k, v in composed.items() if k in names}, "composed": composed})
+    names = {f.name for f in dataclasses.fields(BenchConfig)}
+    return typed(BenchConfig, {k: v for k, v in composed.items() if k in names})
 
 
 def load_group(group: str, option: str, schema: type[G]) -> G:

@@ -1,25 +1,28 @@
-"""Views of a BenchConfig that several parts of a run share: the engine of its server-side knobs
-(engine.hydra_groups.engine_config), stable digests, the model's vocabulary and the workload's tokenizer.
+"""Views of a BenchConfig that several parts of a run share: the identity of its engine, stable digests,
+the model's vocabulary and the workload's tokenizer.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
-from stallfree.engine import SCHEDULERS, EngineConfig
+from stallfree.engine import SCHEDULERS
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.engine.hydra_groups import engine_config as groups_engine_config
-from stallfree.loadgen.sweep.bench_schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig
 
 
 def chunk_size(cfg: BenchConfig) -> int | None:
     """The chunk size the run's policy uses; None for policies that ignore it."""
-    return cfg.chunk_size if SCHEDULERS[cfg.scheduler.name].chunked else None
+    return cfg.scheduler.chunk_size if SCHEDULERS[cfg.scheduler.policy].chunked else None
 
 
-def engine_config(cfg: BenchConfig) -> EngineConfig:
-    """The engine of the run's server-side knobs."""
-    return groups_engine_config(cfg.model, cfg.scheduler, chunk_size(cfg))
+def engine_identity(cfg: BenchConfig) -> dict:
+    """The run's engine as what tells one from another: every field of its EngineConfig, with the chunk
+    size None for policies that ignore it (``scheduler=vllm scheduler.chunk_size=256,512`` is one engine)."""
+    engine = dataclasses.asdict(cfg.engine_sections())
+    engine["scheduler"]["chunk_size"] = chunk_size(cfg)
+    return engine
 
 
 def digest(value) -> str:
@@ -31,9 +34,9 @@ def _model_path(cfg: BenchConfig):
     from stallfree.engine import resolve_model_path
 
     try:
-        return resolve_model_path(engine_config(cfg).model.model)
+        return resolve_model_path(cfg.model.model)
     except ValueError as e:
-        raise ConfigError(f"model.name: {e}") from None
+        raise ConfigError(str(e)) from None
 
 
 def workload_tokenizer(cfg: BenchConfig):

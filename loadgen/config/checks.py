@@ -1,5 +1,5 @@
 """Bench config validation at the entry point: the composed config becomes a BenchConfig
-(loadgen.sweep.bench_schema) or one line naming the key (exit code 2).
+(loadgen.config.schema) or one line naming the key (exit code 2).
 
 ``validate_cli`` composes the config of every value a command line sweeps (each swept value once,
 not the whole product), including the sweep presets of ``+experiment=...``, and checks each one, so a
@@ -7,16 +7,15 @@ sweep fails before its first run instead of Hydra printing a multi-line report o
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
+from stallfree.engine.hydra_groups import CONF_DIR, ConfigError, composition_error, register_schema
+from stallfree.loadgen.config.schema import BenchConfig, load_bench
 from stallfree.loadgen.results.writable import ResultsDirError, probe_writable
-from stallfree.loadgen.sweep.bench_schema import BenchConfig, load_bench
 
 CONFIG_NAME = "bench"
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here
@@ -24,7 +23,7 @@ STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids d
 
 def check(cfg: DictConfig) -> BenchConfig:
     """A composed bench config as a BenchConfig, or ConfigError for its first bad setting: the schema's
-    checks (loadgen.sweep.bench_schema), then the workload is built once and results_dir probed."""
+    checks (loadgen.config.schema), then the workload is built once and results_dir probed."""
     bench = load_bench(cfg)
     _check_workload(bench)
     _check_results_dir(Path(bench.results_dir) / bench.experiment_name)
@@ -90,26 +89,12 @@ def _variants(overrides: list[str]) -> list[list[str]]:
     return variants
 
 
-def _composition_error(e: Exception) -> ConfigError:
-    from hydra.errors import MissingConfigException
-
-    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
-        group, _, option = e.missing_cfg_file.rpartition("/")
-        return ConfigError(f"{group}: unknown option {option!r} (choose from: {', '.join(e.options)})")
-    if str(e).startswith("Error merging override") and e.__cause__ is not None:  # the cause names key and value
-        return ConfigError(f"{str(e).split()[-1]}: {str(e.__cause__).splitlines()[0]}")
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    match = re.match(r"Could not override '([^']+)'", lines[0]) if lines else None
-    if match and len(lines) > 1 and lines[1].startswith("To append"):
-        return ConfigError(f"{match.group(1)}: unknown key ({lines[1]})")
-    return ConfigError(" ".join(lines).split(" Config search path:")[0] or type(e).__name__)
-
-
 def validate_cli(argv: Sequence[str]) -> None:
     """Compose and check the configs a command line would run; raise ConfigError on the first problem."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="stallfree-bench"):
         try:
             cli = _overrides(argv)
@@ -122,4 +107,4 @@ def validate_cli(argv: Sequence[str]) -> None:
             for overrides in _variants(cli + swept):
                 check(compose(CONFIG_NAME, overrides))
         except (HydraException, OmegaConfBaseException) as e:
-            raise _composition_error(e) from None
+            raise composition_error(e) from None
