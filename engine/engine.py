@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,18 +14,17 @@ from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
 from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
-from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.runner.base import BatchRunner, FinishedBatch
+from stallfree.engine.runner.clock import Clock
 from stallfree.engine.runner.cost_model import CostModel
 from stallfree.engine.runner.factory import make_runner
-from stallfree.engine.runner.isolation import execute_isolating
 from stallfree.engine.runner.profile import resolve_cost_model
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
+from stallfree.engine.runner.serial import SerialRunner
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
-from stallfree.engine.utilization import OperatorSplit, make_meter
-
-if TYPE_CHECKING:
-    from stallfree.engine.simulator.pipeline import MicroBatchTiming
+from stallfree.engine.utilization import make_meter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
@@ -65,9 +63,11 @@ class LLMEngine:
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
+        self.batches: BatchRunner
         if self.simulation is not None:
             num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
-            self.runner, self.clock = self.simulation.runner, VirtualClock()
+            self.runner = self.batches = self.simulation.runner
+            self.clock: Clock = self.simulation.clock
         else:
             # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
             sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
@@ -76,10 +76,11 @@ class LLMEngine:
                                                   num_blocks=num_blocks, dtype=self.dtype, device=self.device,
                                                   eos_token_ids=self.eos_token_ids, cost_model=cost_model)
             num_blocks = num_blocks or self.runner.num_blocks
+            self.batches = SerialRunner(self.runner, self.clock)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
-        self.scheduler.snapshot_block_tables = self.runner.reads_block_tables
-        self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
+        self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
+        self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
@@ -136,7 +137,7 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
-        if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.runner.computes_logits:
+        if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.batches.computes_logits:
             raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
         vocab = self.vocab_size
         if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) >= vocab:
@@ -167,59 +168,51 @@ class LLMEngine:
         return self._output(request, [])
 
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """One iteration: schedule, run, update. Returns an output for every request that got a token, or with
-        ``finished_only`` for those that finished (a replay that reads only final outputs skips one per token)."""
-        if self.simulation is not None:  # a deployment's pipeline: micro-batches in flight
-            return self._step_pipelined(finished_only)
-        start = self.clock()
-        scheduler_output = self.scheduler.schedule(start)
-        if not scheduler_output.units:
-            if (arrival := self.scheduler.next_arrival_time()) is not None:
-                self.clock.idle_until(arrival)
-            return []
-        try:
-            result = self.runner.execute_model(scheduler_output)
-            failed: list[RequestOutput] = []
-        except Exception as exc:  # end only the requests it failed on; the others keep their tokens
-            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
-            result, errors = execute_isolating(self.runner, scheduler_output, exc)
-            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
-        end = self.clock()
-        self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
-        updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, end)
-        for request in updated:
-            if request.logprobs is not None:
-                request.logprobs.append(result.sample_logprobs[request.request_id])
-        self._record(scheduler_output, start, end, cpu_threads=result.cpu_threads, split=result.operator_split)
-        return self._outputs(updated, finished_only) + failed
+        """Schedule and run iterations until one has finished: outputs for every request that got a token, or
+        with ``finished_only`` for those that finished (a replay that reads only final outputs skips one per
+        token). A step that runs work returns when a micro-batch has finished, its BatchRecord appended.
 
-    def _step_pipelined(self, finished_only: bool) -> list[RequestOutput]:
-        """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
-        the last stage, then schedule the next one when stage 0 is free, among the requests not in flight.
-        With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
-        runner, outputs = self.runner, []
+        One path for every runner (``BatchRunner``, engine/runner/base.py): a micro-batch is scheduled among the
+        requests not in flight whenever the runner can take one, and applied when it leaves the last stage. A
+        runner of one iteration at a time has it back when ``submit`` returns; a pipeline keeps up to PP in
+        flight. With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
+        batches, outputs = self.batches, []
         while True:
             now = self.clock()
-            for done in runner.pop_finished(now):
-                updated = self.scheduler.update_from_output(done.output, done.sampled, done.timing.end_s)
-                outputs += self._outputs(updated, finished_only)
-            if not runner.full:
+            if self._apply(batches.pop_finished(now), finished_only, outputs):
+                return outputs
+            if not batches.full:
                 scheduler_output = self.scheduler.schedule(now)
                 if scheduler_output.units:
-                    timing = runner.submit(scheduler_output, now)
-                    self._record(scheduler_output, now, timing.end_s, timing=timing, split=runner.last_operator_split)
-                    self.clock.advance_to(runner.next_start_s())
-                    return outputs
-            if (end := runner.next_end_s()) is not None:
-                self.clock.advance_to(end)
+                    batches.submit(scheduler_output, now)
+                    if self._apply(batches.pop_finished(self.clock()), finished_only, outputs):
+                        return outputs
+                    continue  # a pipeline with room: the next micro-batch
+            if batches.wait():
                 continue
-            if (arrival := self.scheduler.next_arrival_time()) is not None:
+            arrival = self.scheduler.next_arrival_time()
+            if arrival is not None:
                 self.clock.idle_until(arrival)
-                runner.idle_until(arrival)
+            batches.idle_until(now if arrival is None else arrival)
             return outputs
 
-    def _record(self, out: SchedulerOutput, start: float, end: float, *, cpu_threads: int = 0,
-                split: OperatorSplit | None = None, timing: MicroBatchTiming | None = None) -> None:
+    def _apply(self, finished: list[FinishedBatch], finished_only: bool, outputs: list[RequestOutput]) -> int:
+        """Apply finished micro-batches to their requests and record them, their requests' outputs appended to
+        ``outputs``; how many there were."""
+        for batch in finished:
+            scheduler_output, result, failed = batch.output, batch.result, []
+            if batch.errors:
+                scheduler_output, failed = self._fail_requests(scheduler_output, batch.errors)
+            self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
+            updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, batch.end_s)
+            for request in updated:
+                if request.logprobs is not None:
+                    request.logprobs.append(result.sample_logprobs[request.request_id])
+            self._record(scheduler_output, batch.start_s, batch.end_s, result)
+            outputs += self._outputs(updated, finished_only) + failed
+        return len(finished)
+
+    def _record(self, out: SchedulerOutput, start: float, end: float, result: ModelRunnerOutput) -> None:
         self.batch_records.append(BatchRecord(
             iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
@@ -227,9 +220,8 @@ class LLMEngine:
             prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
             num_waiting=self.num_waiting, num_running=self.num_running,
-            stage_busy_s=list(timing.stage_busy_s) if timing else [],
-            stage_idle_s=list(timing.stage_idle_s) if timing else [],
-            cpu_threads=cpu_threads, **self.utilization.fields(out.units, end - start, split)))
+            stage_busy_s=list(result.stage_busy_s), stage_idle_s=list(result.stage_idle_s),
+            cpu_threads=result.cpu_threads, **self.utilization.fields(out.units, end - start, result.operator_split)))
 
     def reconfigure_scheduler(self, **knobs) -> None:
         """Replace the scheduler, while no request is unfinished, with one built from the scheduler config
