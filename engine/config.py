@@ -45,21 +45,37 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 4096  # token budget of the vllm policy
 
 
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How many processes run the model (engine/distributed/; vLLM's names). 1 and 1: one process."""
+
+    tensor_parallel_size: int = 1  # ranks that split each layer by attention heads and MLP columns
+    pipeline_parallel_size: int = 1  # ranks that each run a contiguous stage of layers
+    startup_timeout_s: float = 120.0  # for every rank to join (the error names the ranks that did not)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
         """Build from flat knobs (``model=``, ``scheduler=``, ``chunk_size=``, ...), vLLM style."""
-        sections = {"model": ModelConfig(), "cache": CacheConfig(), "scheduler": SchedulerConfig()}
+        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                    "parallel": ParallelConfig}
         aliases = {"scheduler": "policy"}
+        knobs: dict[str, dict] = {section: {} for section in sections}
         for key, value in kwargs.items():
             name = aliases.get(key, key)
-            target = next((s for s in sections.values() if name in {f.name for f in fields(s)}), None)
-            if target is None:
+            section = next((s for s, c in sections.items() if name in {f.name for f in fields(c)}), None)
+            if section is None:
                 raise ValueError(f"unknown engine option {key!r}")
-            setattr(target, name, value)
-        return cls(**sections)
+            knobs[section][name] = value
+        return cls(**{section: c(**knobs[section]) for section, c in sections.items()})

@@ -14,10 +14,10 @@ from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
 from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
-from stallfree.engine.runner.base import BatchRunner, FinishedBatch
+from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
 from stallfree.engine.runner.clock import Clock
 from stallfree.engine.runner.cost_model import CostModel
-from stallfree.engine.runner.factory import make_runner
+from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
 from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.runner.serial import SerialRunner
@@ -72,9 +72,14 @@ class LLMEngine:
             # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
             sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
             num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
-            self.runner, self.clock = make_runner(config, path, arch, max_model_len=self.max_model_len,
-                                                  num_blocks=num_blocks, dtype=self.dtype, device=self.device,
-                                                  eos_token_ids=self.eos_token_ids, cost_model=cost_model)
+            setup = RunnerSetup(config, path, arch, self.max_model_len, num_blocks, self.dtype, self.device,
+                                self.eos_token_ids, cost_model)
+            if config.parallel.world_size > 1:  # worker processes (imported only then)
+                from stallfree.engine.distributed.driver import start_driver
+
+                self.runner, self.clock = start_driver(setup)
+            else:
+                self.runner, self.clock = RUNNERS[mc.runner](setup)
             num_blocks = num_blocks or self.runner.num_blocks
             self.batches = SerialRunner(self.runner, self.clock)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
@@ -82,6 +87,7 @@ class LLMEngine:
         self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
         self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
+        self.dead: str | None = None  # why the runner can run no more (a worker process died)
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
 
@@ -96,8 +102,11 @@ class LLMEngine:
         return cls.from_config(EngineConfig.from_kwargs(**kwargs))
 
     def _num_blocks_for_budget(self, arch: ArchConfig) -> int:
-        cc = self.config.cache
-        bytes_per_block = (2 * arch.num_layers * cc.block_size * arch.num_kv_heads * arch.head_dim
+        """The blocks of ``kv_memory_gib`` per rank: a rank holds its stage's layers and its share of KV heads."""
+        cc, parallel = self.config.cache, self.config.parallel
+        num_layers = -(-arch.num_layers // parallel.pipeline_parallel_size)
+        num_kv_heads = max(1, arch.num_kv_heads // parallel.tensor_parallel_size)
+        bytes_per_block = (2 * num_layers * cc.block_size * num_kv_heads * arch.head_dim
                            * torch.empty((), dtype=self.dtype).element_size())
         return max(1, int(cc.kv_memory_gib * 2**30 // bytes_per_block))
 
@@ -128,6 +137,7 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued then)."""
+        self.check_alive()
         params = params or SamplingParams()
         params.validate()
         if isinstance(prompt, str) and self.tokenizer is None:
@@ -175,18 +185,28 @@ class LLMEngine:
         One path for every runner (``BatchRunner``, engine/runner/base.py): a micro-batch is scheduled among the
         requests not in flight whenever the runner can take one, and applied when it leaves the last stage. A
         runner of one iteration at a time has it back when ``submit`` returns; a pipeline keeps up to PP in
-        flight. With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
-        batches, outputs = self.batches, []
+        flight. With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival.
+        A runner that dies (RunnerDead) ends every unfinished request with its cause."""
+        self.check_alive()
+        outputs: list[RequestOutput] = []
+        try:
+            self._run_until_finished(finished_only, outputs)
+        except RunnerDead as exc:
+            outputs += self._die(exc)
+        return outputs
+
+    def _run_until_finished(self, finished_only: bool, outputs: list[RequestOutput]) -> None:
+        batches = self.batches
         while True:
             now = self.clock()
             if self._apply(batches.pop_finished(now), finished_only, outputs):
-                return outputs
+                return
             if not batches.full:
                 scheduler_output = self.scheduler.schedule(now)
                 if scheduler_output.units:
                     batches.submit(scheduler_output, now)
                     if self._apply(batches.pop_finished(self.clock()), finished_only, outputs):
-                        return outputs
+                        return
                     continue  # a pipeline with room: the next micro-batch
             if batches.wait():
                 continue
@@ -194,7 +214,7 @@ class LLMEngine:
             if arrival is not None:
                 self.clock.idle_until(arrival)
             batches.idle_until(now if arrival is None else arrival)
-            return outputs
+            return
 
     def _apply(self, finished: list[FinishedBatch], finished_only: bool, outputs: list[RequestOutput]) -> int:
         """Apply finished micro-batches to their requests and record them, their requests' outputs appended to
@@ -222,6 +242,26 @@ class LLMEngine:
             num_waiting=self.num_waiting, num_running=self.num_running,
             stage_busy_s=list(result.stage_busy_s), stage_idle_s=list(result.stage_idle_s),
             cpu_threads=result.cpu_threads, **self.utilization.fields(out.units, end - start, result.operator_split)))
+
+    def check_alive(self) -> None:
+        """Raise RunnerDead once the runner can run no more (its cause in the message)."""
+        if self.dead is not None:
+            raise RunnerDead(self.dead)
+
+    def shutdown(self) -> None:
+        """Stop the runner's worker processes, if it has any (again: a no-op)."""
+        if (shutdown := getattr(self.runner, "shutdown", None)) is not None:
+            shutdown()
+
+    def _die(self, exc: RunnerDead) -> list[RequestOutput]:
+        """End every unfinished request with ``exc`` as its error; later calls raise it."""
+        self.dead = f"the engine stopped: {exc}"[:MAX_ERROR_CHARS]
+        logger.error("%s", self.dead)
+        now, outputs = self.clock(), []
+        for request in list(self.scheduler.requests.values()):
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
+            outputs.append(self._output(request, [], error=self.dead))
+        return outputs
 
     def reconfigure_scheduler(self, **knobs) -> None:
         """Replace the scheduler, while no request is unfinished, with one built from the scheduler config

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
@@ -94,6 +94,8 @@ class ModelGroup:
     deployment: dict[str, Any] | None = None  # checked by engine/simulator/deployment.py
     op_split_every: int = 0
     adaptive_cpu_threads: bool = True  # CPU: threads = the cores other processes leave free
+    tensor_parallel_size: int = 1  # processes that split each layer (engine/distributed/)
+    pipeline_parallel_size: int = 1  # processes that each run a stage of layers
 
     def __post_init__(self) -> None:
         for key in ("name", *MODEL_NAMES):
@@ -110,6 +112,8 @@ class ModelGroup:
         if self.cost_model is not None:
             self.cost_model = cost_model_file(self.cost_model, "model.cost_model")  # the file it names, once
         require(self.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", self.op_split_every)
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            require(getattr(self, key) >= 1, f"model.{key}", "an integer >= 1", getattr(self, key))
 
 
 @dataclass
@@ -143,7 +147,7 @@ def engine_config(model: ModelGroup, scheduler: SchedulerGroup, chunk_size: int 
             skip_tokenizer_init=model.skip_tokenizer_init, deployment=model.deployment,
             op_split_every=model.op_split_every, adaptive_cpu_threads=model.adaptive_cpu_threads),
         cache=CacheConfig(kv_memory_gib=1.0 if model.kv_memory_gib is None else model.kv_memory_gib),
-        scheduler=sched)
+        scheduler=sched, parallel=ParallelConfig(model.tensor_parallel_size, model.pipeline_parallel_size))
 
 
 def typed(schema: type[T], data: Mapping, prefix: str = "") -> T:

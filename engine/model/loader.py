@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear, fuse_silu_and_mul
@@ -12,6 +13,7 @@ from stallfree.engine.model.fused_layers import fuse_layers
 from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears, tune_pieces
+from stallfree.engine.model.tensor_parallel import TensorParallel, reduce_row_parallel
 from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
@@ -31,14 +33,25 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def read_checkpoint(files: list[Path]) -> dict[str, torch.Tensor]:
+def read_checkpoint(files: list[Path], tp: TensorParallel | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files``, or with ``tp`` this rank's slice of each (only the slice is read)."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            tensors.update(load_file(str(f)))
+            tensors.update(load_file(str(f)) if tp is None else read_shard(f, tp))
         except Exception as exc:  # SafetensorError, OSError, ...: none of them names the file
             raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
     return tensors
+
+
+def read_shard(file: Path, tp: TensorParallel) -> dict[str, torch.Tensor]:
+    with safe_open(str(file), framework="pt") as handle:
+        tensors = {}
+        for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+            part = handle.get_slice(name)
+            index = tp.slice_of(name, part.get_shape())
+            tensors[name] = part[:] if index is None else part[index]
+        return tensors
 
 
 def to_engine_names(tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
@@ -69,13 +82,16 @@ def check_shapes(state: dict[str, torch.Tensor], model: LlamaForCausalLM) -> str
     return None
 
 
-def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
-               device: torch.device) -> LlamaForCausalLM:
+def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, device: torch.device,
+               tp: TensorParallel | None = None) -> LlamaForCausalLM:
+    """The checkpoint at ``path`` as a model, or with ``tp`` this rank's tensor-parallel shard of it."""
+    if tp is not None:
+        cfg = tp.shard_arch(cfg)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, max_len)
     files = weight_files(path)
     weights = str(files[0]) if len(files) == 1 else f"{path}/*.safetensors"
-    state = to_engine_names(read_checkpoint(files), source=weights)
+    state = to_engine_names(read_checkpoint(files, tp), source=weights)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
@@ -91,6 +107,8 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype,
     # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
     model.rotary = type(model.rotary)(cfg, max_len)
     model = model.to(device=device, dtype=dtype).eval()
+    if tp is not None:  # the native fused layer needs a plain o_proj and down_proj: sharded layers run unfused
+        reduce_row_parallel(model, tp)
     if can_pack(device, dtype):
         # AMX where the shape tiles: in the model, faster than oneDNN at decode steps and as fast at prefill
         # chunks (engine/model/amx_linear.py)

@@ -70,3 +70,8 @@ class BatchRunner(Protocol):
     def idle_until(self, t: float) -> None:
         """The engine had no work until ``t``: stage idle time before it is not a bubble."""
         ...
+
+
+class RunnerDead(RuntimeError):
+    """The runner can run no iteration any more (a worker process of a distributed runner died): the engine
+    ends every request in flight with this error and stops."""

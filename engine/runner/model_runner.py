@@ -112,6 +112,15 @@ class ModelRunner:
         self._add_logprobs(output, logits, num_sampling, sampling, tokens, rows)
         return output
 
+    @torch.inference_mode()
+    def execute_forward(self, scheduler_output: SchedulerOutput) -> None:
+        """A tensor-parallel worker's part of an iteration: the forward pass through its shard, which joins the
+        driver's all-reduces; no logits, no sampling (the driver samples, engine/distributed/)."""
+        host = prepare_host_batch(scheduler_output.units, self.block_size)
+        host.logits_indices = host.logits_indices[:0]
+        input_ids, positions, meta, logits_indices = to_device(host, self.device)
+        self.model(input_ids, positions, self.attn_backend, self.kv_caches, meta, logits_indices)
+
     @staticmethod
     def _add_logprobs(output: ModelRunnerOutput, logits: torch.Tensor, num_sampling: int,
                       sampling: list[ScheduledUnit], tokens: torch.Tensor, rows: PromptRows | None) -> None:

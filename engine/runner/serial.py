@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from stallfree.engine.runner.base import FinishedBatch, Runner
+from stallfree.engine.runner.base import FinishedBatch, Runner, RunnerDead
 from stallfree.engine.runner.clock import Clock
 from stallfree.engine.runner.isolation import execute_isolating
 from stallfree.engine.scheduler.output import SchedulerOutput
@@ -30,6 +30,8 @@ class SerialRunner:
     def submit(self, scheduler_output: SchedulerOutput, now: float) -> None:
         try:
             result, errors = self.runner.execute_model(scheduler_output), {}
+        except RunnerDead:  # no request's fault: the engine ends them all
+            raise
         except Exception as exc:  # end only the requests it failed on; the others keep their tokens
             logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
             result, errors = execute_isolating(self.runner, scheduler_output, exc)
