@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from stallfree.engine.model.llama import LlamaForCausalLM
+from stallfree.engine.model.llama import Hidden, LlamaForCausalLM
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.runner.cpu_threads import CpuThreads
@@ -80,8 +80,9 @@ class ModelRunner:
             self.decode_graphs.capture_all()
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one iteration; the sampled token of each unit that completes its request's tokens."""
+    def execute_model(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> ModelRunnerOutput:
+        """Run one iteration; the sampled token of each unit that completes its request's tokens. The last stage
+        of a pipeline runs it on the previous stage's ``hidden`` states."""
         for request_id in scheduler_output.finished_request_ids:
             self.generators.pop(request_id, None)
         units = scheduler_output.units  # decodes first
@@ -96,12 +97,13 @@ class ModelRunner:
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
         decode_only = host.num_decodes == len(units) and rows is None
         split = None
-        if decode_only and self.decode_graphs and self.decode_graphs.fits(len(units), host.block_tables.shape[1]):
+        if decode_only and hidden is None and self.decode_graphs and \
+                self.decode_graphs.fits(len(units), host.block_tables.shape[1]):
             logits = self.decode_graphs.run(input_ids, positions, meta)  # a graph replay is never split
         else:
             split = self.split_sampler.next(self.attn_backend)
             backend = self.attn_backend if split is None else split.backend
-            logits = self.model(input_ids, positions, backend, self.kv_caches, meta, logits_indices)
+            logits = self.model(input_ids, positions, backend, self.kv_caches, meta, logits_indices, hidden)
         sampling = [u for u in units if u.samples]
         sample_logits = logits if rows is None else logits[:num_sampling]
         tokens = sample(sample_logits, [u.sampling_params for u in sampling],
@@ -113,13 +115,14 @@ class ModelRunner:
         return output
 
     @torch.inference_mode()
-    def execute_forward(self, scheduler_output: SchedulerOutput) -> None:
-        """A tensor-parallel worker's part of an iteration: the forward pass through its shard, which joins the
-        driver's all-reduces; no logits, no sampling (the driver samples, engine/distributed/)."""
+    def execute_forward(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> Hidden:
+        """An iteration through this rank's layers, with no logits and no sampling (another rank samples,
+        engine/distributed/): a tensor-parallel worker's part, which joins the driver's all-reduces, or a
+        pipeline stage's, from the previous stage's ``hidden`` states (none on the first stage). The hidden
+        states the next stage takes."""
         host = prepare_host_batch(scheduler_output.units, self.block_size)
-        host.logits_indices = host.logits_indices[:0]
-        input_ids, positions, meta, logits_indices = to_device(host, self.device)
-        self.model(input_ids, positions, self.attn_backend, self.kv_caches, meta, logits_indices)
+        input_ids, positions, meta, _ = to_device(host, self.device)
+        return self.model.hidden_states(input_ids, positions, self.attn_backend, self.kv_caches, meta, hidden)
 
     @staticmethod
     def _add_logprobs(output: ModelRunnerOutput, logits: torch.Tensor, num_sampling: int,
@@ -148,11 +151,11 @@ class ModelRunner:
     def _new_kv_caches(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size)
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.model.cfg.num_layers)]
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.model.layers]
 
     def bytes_per_block(self) -> int:
         per_layer = math.prod(self.attn_backend.kv_cache_shape(1, self.block_size))
-        return 2 * self.model.cfg.num_layers * per_layer * torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.model.layers) * per_layer * torch.empty((), dtype=self.dtype).element_size()
 
     def _blocks_from_memory(self, probe: MemoryProbe, baseline: Baseline, max_num_batched_tokens: int,
                             largest_bucket: int, utilization: float) -> int:
