@@ -10,6 +10,8 @@
    offline workload 128 x 1024 prompt / 128 output (greedy, ignore_eos) for sarathi-512 and vllm,
    timed without the profiler (a short profiled run after gives the GPU's busy fraction); the same
    workload through HF transformers' continuous batching (``generate_batch``).
+   On 2+ GPUs, TP2 greedy tokens against TP1 (NCCL, benchmarks/lib/gpu_parallel.py); skipped, and the
+   JSON's ``tp2_vs_tp1`` and the output say so, on fewer.
 3. PASS / FAIL against each target (benchmarks/lib/gpu_checks.py: decode <= 6 ms at batch 1 and <= 9 ms
    at 64, hybrid <= 1.3x prefill-only 512, MFU >= 0.5 at 512 and >= 0.65 at 4096, offline sarathi
    >= 0.9x vllm and >= 2x HF continuous batching); exit status 0 only when everything passed.
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.lib.gpu_checks import CHECK_SHAPE, SMOKE_SHAPE, greedy_check, judge, write_checkpoint
+from benchmarks.lib.gpu_parallel import tp2_check, verdict
 from stallfree.engine import LLM, SamplingParams
 from stallfree.engine.model.presets import SHAPE_PRESETS
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
@@ -243,6 +246,9 @@ def main() -> None:
             result["greedy_vs_hf_bf16"] = greedy_check(check_path, device, torch.bfloat16,
                                                        dict(check, dtype="bfloat16"))
         stage("greedy_vs_hf")
+        result["tp2_vs_tp1"] = tp2_check(check_path, device, dict(check, dtype="float32"))  # 2+ GPUs only
+        print(f"TP2 vs TP1 greedy (fp32): {verdict(result['tp2_vs_tp1'])}", flush=True)
+        stage("tp2_vs_tp1")
         release(device)
         result["limits"] = limits_figures(device, dtype, args.smoke)
         stage("limits")
@@ -275,7 +281,7 @@ def main() -> None:
                                                                     result["offline_hf_continuous_batching"])}
     result["targets"] = judge(figures)
     result["seconds"] = time.perf_counter() - started
-    passed = result["greedy_vs_hf"]["equal"] and (
+    passed = result["greedy_vs_hf"]["equal"] and result["tp2_vs_tp1"].get("equal", True) and (
         args.smoke or all(t["verdict"] == "PASS" for t in result["targets"].values()))
     result["verdict"] = "PASS" if passed else "FAIL"
     out = Path(args.out or (Path(tempfile.gettempdir()) / f"gpu_{result['device']}_smoke.json" if args.smoke

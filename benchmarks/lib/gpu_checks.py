@@ -74,12 +74,17 @@ def hf_greedy(path: Path, prompts: list[list[int]], max_tokens: int, device: tor
     return outs
 
 
+def check_prompts(path: Path) -> list[list[int]]:
+    """The greedy checks' prompts (CHECK_PROMPT_LENS long), drawn from the checkpoint's vocabulary."""
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in CHECK_PROMPT_LENS]
+
+
 def greedy_check(path: Path, device: torch.device, dtype: torch.dtype, engine_kwargs: dict) -> dict:
     """The engine's greedy tokens against HF's on the same weights, prompts arriving together (sarathi,
     chunk 64: hybrid steps, then decode-only steps of shrinking batches through the graphs)."""
-    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in CHECK_PROMPT_LENS]
+    prompts = check_prompts(path)
     llm = LLM(str(path), scheduler="sarathi", chunk_size=64, max_num_seqs=8, max_model_len=512, **engine_kwargs)
     params = SamplingParams(max_tokens=CHECK_MAX_TOKENS, temperature=0.0, ignore_eos=True)
     ours = [o.token_ids for o in llm.generate(prompts, params)]

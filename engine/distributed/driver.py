@@ -25,7 +25,14 @@ from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
-DEATH_GRACE_S = 1.0  # after a failed iteration, how long a worker has to be seen gone
+# After a failed collective, how long the worker that broke it has to be seen gone: a killed process closes
+# its sockets before it can be reaped, and a loaded machine takes seconds over that.
+DEATH_GRACE_S = 10.0
+
+
+def is_collective_failure(exc: Exception) -> bool:
+    """A torch.distributed operation failed (gloo raises plain RuntimeErrors that name its sources)."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo" in str(exc))
 
 
 class DistributedRunner:
@@ -40,14 +47,18 @@ class DistributedRunner:
         self._finalizer = weakref.finalize(self, _stop, workers)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self.workers.check()
         try:
+            self.workers.check()
             self.channel.send_batch(scheduler_output)
             return self.local.execute_model(scheduler_output)
-        except Exception as exc:
-            if (death := self.workers.wait_for_death(DEATH_GRACE_S)) is None:
-                raise  # the driver's own failure: the engine re-runs the iteration without the failing requests
+        except WorkerDied:
             self.shutdown()
+            raise
+        except Exception as exc:
+            if not is_collective_failure(exc):
+                raise  # the driver's own failure: the engine re-runs the iteration without the failing requests
+            death = self.workers.wait_for_death(DEATH_GRACE_S) or f"a collective failed: {exc}"
+            self.shutdown()  # the group is broken either way
             raise WorkerDied(death) from exc
 
     def shutdown(self) -> None:
@@ -61,7 +72,7 @@ def _stop(workers: LocalWorkers) -> None:
         dist.destroy_process_group()
 
 
-def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] = run_worker
+def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] | None = None
                  ) -> tuple[DistributedRunner, WallClock]:
     """Check the sizes, start this node's workers (``worker_target``: tests stand in a rank that never joins)
     and build rank 0's runner; on any failure every worker is stopped before the error propagates."""
@@ -76,7 +87,7 @@ def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] = run_wo
     store = rendezvous.store(layout.world_size, is_master=True)
     rendezvous = dataclasses.replace(rendezvous, master_port=store.port)
     store.set(SETUP_KEY, pickle.dumps(setup))
-    workers = LocalWorkers.spawn(local_ranks[1:], worker_target, (rendezvous, layout))
+    workers = LocalWorkers.spawn(local_ranks[1:], worker_target or run_worker, (rendezvous, layout))
     try:
         wait_for_ranks(store, layout.world_size, rendezvous.timeout_s, workers.check)
         device = rank_device(setup.device, 0)
@@ -88,7 +99,8 @@ def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] = run_wo
         channel = Channel(groups.control)
         num_blocks = channel.min_over_ranks(local.num_blocks)
     except BaseException as exc:
-        death = workers.wait_for_death(DEATH_GRACE_S) if isinstance(exc, Exception) else None
+        broke = isinstance(exc, Exception) and is_collective_failure(exc)
+        death = workers.wait_for_death(DEATH_GRACE_S) if broke else workers.first_death()
         _stop(workers)
         if death is not None:
             raise WorkerDied(f"startup failed: {death}") from exc

@@ -47,8 +47,8 @@ def read_checkpoint(files: list[Path], tp: TensorParallel | None = None, stage: 
     return tensors
 
 
-def read_shard(file: Path, tp: TensorParallel | None, stage: PipelineStage | None,
-               tied: bool) -> dict[str, torch.Tensor]:
+def read_shard(file: Path, tp: TensorParallel | None, stage: PipelineStage | None = None,
+               tied: bool = False) -> dict[str, torch.Tensor]:
     with safe_open(str(file), framework="pt") as handle:
         tensors = {}
         for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)

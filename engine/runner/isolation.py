@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from stallfree.engine.runner.base import Runner
+from stallfree.engine.runner.base import Runner, RunnerDead
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 
@@ -23,7 +23,8 @@ from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 def execute_isolating(runner: Runner, output: SchedulerOutput,
                       error: Exception) -> tuple[ModelRunnerOutput, dict[str, Exception]]:
     """``runner.execute_model(output)`` raised ``error``: what the healthy units' runs returned, and the
-    exception of each request whose unit failed on its own."""
+    exception of each request whose unit failed on its own. A runner that dies meanwhile (RunnerDead) fails
+    them all: that propagates."""
     sampled = ModelRunnerOutput({})
     failed: dict[str, Exception] = {}
     pending: list[tuple[list[ScheduledUnit], Exception]] = [(output.units, error)]
@@ -36,6 +37,8 @@ def execute_isolating(runner: Runner, output: SchedulerOutput,
         for half in (units[:middle], units[middle:]):  # each keeps the decodes-first order
             try:
                 sampled.merge(runner.execute_model(replace(output, units=half)))
+            except RunnerDead:
+                raise
             except Exception as exc:
                 pending.append((half, exc))
     return sampled, failed

@@ -108,11 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown) and re-raises the signal afterwards:
     # these no-op handlers make that re-raise end in a clean exit 0 instead of a kill or a traceback.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    engine_loop = app.state.stallfree.engine_loop
+    engine_loop.on_death = lambda: setattr(server, "should_exit", True)  # e.g. a worker process died
     try:
         server.run()
     finally:  # main() called in a process that goes on (tests) gets its handlers back
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if engine_loop.error is not None:
+        print(f"stallfree-serve: stopped: {engine_loop.error}", file=sys.stderr, flush=True)
+        return 1
     print("stallfree-serve: stopped", flush=True)
     return 0
 

@@ -75,6 +75,7 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self.metrics: ServerMetrics | None = None  # set by start
         self.error: str | None = None  # why the thread died
+        self.on_death: Callable[[], None] | None = None  # called on the engine thread if it dies (stallfree-serve exits)
         self._cond = threading.Condition()
         self._commands: list[Submission | Abort] = []
         self._stopping = False
@@ -153,8 +154,11 @@ class EngineLoop:
         finally:
             built.set()
         self._started.wait()
-        if not self._stopping:  # stopped before it was started: there is nothing to step or to fail
-            self._run()
+        try:
+            if not self._stopping:  # stopped before it was started: there is nothing to step or to fail
+                self._run()
+        finally:
+            self.engine.shutdown()  # its worker processes, if any
 
     def _run(self) -> None:
         try:
@@ -163,10 +167,13 @@ class EngineLoop:
                     self._apply(command)
                 if self.engine.has_unfinished():
                     self._step()
+                self.engine.check_alive()  # a dead runner (a worker process died) ends the thread
                 self.metrics.set_state(self.engine.num_running, self.engine.num_waiting, self.engine.kv_usage())
         except BaseException as exc:  # report any death: /health turns 503 and requests fail fast
             logger.exception("engine thread died")
             self.error = f"engine thread died: {type(exc).__name__}: {exc}"
+            if self.on_death is not None:
+                self.on_death()
         finally:
             with self._cond:
                 self._stopping = True

@@ -5,7 +5,7 @@ import torch
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.model import loader
 from stallfree.engine.native.cpu_kernels import load_cpu_kernels
-from tests.helpers.engine import make_prompts, run_staggered
+from tests.helpers.engine import hf_greedy, make_prompts, run_staggered
 
 MAX_TOKENS = 12
 POLICY_CASES = [("vllm", 512), ("orca", 512), ("faster_transformer", 512)] + [
@@ -19,17 +19,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def hf_reference(arch_paths, prompts):
-    from transformers import AutoModelForCausalLM
-    refs = {}
-    for arch, path in arch_paths.items():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        model.generation_config.eos_token_id = None  # the engine runs with ignore_eos
-        refs[arch] = []
-        for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
-            refs[arch].append(out[0, len(prompt):].tolist())
-    return refs
+    return {arch: hf_greedy(path, prompts, MAX_TOKENS) for arch, path in arch_paths.items()}
 
 
 # "auto" is the native paged-attention kernel on CPU, with the native layer ops; "sdpa" cases run the

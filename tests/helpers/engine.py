@@ -24,6 +24,19 @@ def make_prompts(n: int, seed: int, max_len: int = 300, vocab: int = 2048) -> li
     return [[rng.randrange(3, vocab) for _ in range(length)] for length in lengths]
 
 
+def hf_greedy(path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """HF transformers' greedy continuation of each prompt in fp32, ignoring EOS: the reference outputs."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # the engine runs with ignore_eos
+    outputs = []
+    for prompt in prompts:
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
 def run_staggered(engine: LLMEngine, prompts: list[list[int]], max_tokens, gap: int = 2,
                   params: SamplingParams | None = None) -> dict[str, list[int]]:
     """Add prompt i at iteration i * gap (so requests arrive mid-flight); run to completion."""
