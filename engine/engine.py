@@ -77,11 +77,11 @@ class LLMEngine:
             if config.parallel.world_size > 1:  # worker processes (imported only then)
                 from stallfree.engine.distributed.driver import start_driver
 
-                self.runner, self.clock = start_driver(setup)
+                self.runner, self.batches, self.clock = start_driver(setup)
             else:
                 self.runner, self.clock = RUNNERS[mc.runner](setup)
+                self.batches = SerialRunner(self.runner, self.clock)
             num_blocks = num_blocks or self.runner.num_blocks
-            self.batches = SerialRunner(self.runner, self.clock)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
