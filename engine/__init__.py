@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "LLM": "stallfree.engine.llm", "LLMEngine": "stallfree.engine.engine",
     "EngineConfig": "stallfree.engine.config", "ModelConfig": "stallfree.engine.config", "CacheConfig": "stallfree.engine.config",
-    "SchedulerConfig": "stallfree.engine.config",
+    "SchedulerConfig": "stallfree.engine.config", "ParallelConfig": "stallfree.engine.config",
     "SamplingParams": "stallfree.engine.request", "RequestMetrics": "stallfree.engine.request", "RequestStatus": "stallfree.engine.request",
     "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.outputs",
     "TokenLogprob": "stallfree.engine.request",
@@ -20,13 +20,20 @@ _EXPORTS = {
     "profile_cost_model": "stallfree.engine.runner.profile", "check_speed": "stallfree.engine.runner.speed_check",
     "first_lone_surrogate": "stallfree.engine.tokenizer", "choose_dtype": "stallfree.engine.device",
 }
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "SamplingParams",
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "CacheConfig", "SchedulerConfig", "ParallelConfig",
+           "SamplingParams",
            "RequestMetrics", "RequestStatus", "RequestOutput", "TokenLogprob", "BatchRecord", "SCHEDULERS", "resolve_model_path",
            "CostModel", "IterationFeatures", "profile_cost_model", "check_speed", "first_lone_surrogate",
            "choose_dtype"]
 
 if TYPE_CHECKING:
-    from stallfree.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from stallfree.engine.config import (
+        CacheConfig,
+        EngineConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+    )
     from stallfree.engine.device import choose_dtype
     from stallfree.engine.engine import LLMEngine
     from stallfree.engine.llm import LLM

@@ -17,12 +17,12 @@ class Channel:
     def __init__(self, group: Any):
         self.group = group
 
-    def send_batch(self, batch: SchedulerOutput) -> None:
-        """Driver: hand the iteration to every rank."""
+    def send_batch(self, batch: SchedulerOutput | None) -> None:
+        """Driver: hand the iteration to every rank (None: stop)."""
         dist.broadcast_object_list([batch], src=DRIVER, group=self.group)
 
-    def receive_batch(self) -> SchedulerOutput:
-        """Worker: the driver's next iteration."""
+    def receive_batch(self) -> SchedulerOutput | None:
+        """Worker: the driver's next iteration, or None when it stops."""
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=DRIVER, group=self.group)
         return box[0]

@@ -7,6 +7,7 @@ import logging
 import pickle
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -51,13 +52,17 @@ class DistributedRunner:
     def __init__(self, local: ModelRunner, channel: Channel, workers: LocalWorkers, num_blocks: int):
         self.local, self.channel, self.workers = local, channel, workers
         self.num_blocks = num_blocks  # the fewest any rank holds
-        self._finalizer = weakref.finalize(self, _stop, workers)
+        self.group = GroupState()
+        self._finalizer = weakref.finalize(self, _stop, workers, channel, self.group)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         try:
             self.workers.check()
+            self.group.between_steps = False
             self.channel.send_batch(scheduler_output)
-            return self.local.execute_model(scheduler_output)
+            output = self.local.execute_model(scheduler_output)
+            self.group.between_steps = True
+            return output
         except WorkerDied:
             self.shutdown()
             raise
@@ -73,7 +78,20 @@ class DistributedRunner:
         self._finalizer()
 
 
-def _stop(workers: LocalWorkers) -> None:
+@dataclass
+class GroupState:
+    # Every rank waits for the next broadcast (no step was cut short): a stop message reaches them all.
+    between_steps: bool = True
+
+
+def _stop(workers: LocalWorkers, channel: Channel | None = None, group: GroupState | None = None) -> None:
+    """Tell the ranks to stop where the group is sound (those of other nodes learn it only so; this node's
+    also leave when their pipes close), then stop this node's workers and leave the group."""
+    if channel is not None and group is not None and group.between_steps and workers.first_death() is None:
+        try:
+            channel.send_batch(None)
+        except Exception as exc:  # a rank gone meanwhile: the pipes and the group's end stop the others
+            log.warning("the stop message did not reach every rank: %s", exc)
     workers.stop()
     if dist.is_initialized():
         dist.destroy_process_group()

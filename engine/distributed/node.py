@@ -24,7 +24,7 @@ def main() -> int:
     if rendezvous.node_rank == 0:
         print("stallfree node: NODE_RANK=0 is the driver's node (it runs the engine)", file=sys.stderr)
         return 2
-    setup = pickle.loads(rendezvous.store(0, is_master=False).get(SETUP_KEY))
+    setup = pickle.loads(rendezvous.store(None, is_master=False).get(SETUP_KEY))
     parallel = setup.config.parallel
     layout = RankLayout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     rendezvous = Rendezvous(rendezvous.master_addr, rendezvous.master_port, rendezvous.nnodes,

@@ -14,6 +14,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from stallfree.engine.distributed.driver import DEATH_GRACE_S, _stop, is_collective_failure
@@ -30,6 +31,21 @@ from stallfree.engine.utilization import MachineLimits
 T = TypeVar("T")
 
 
+@dataclass
+class Sequence:
+    next: int = 0  # the number of the next micro-batch
+    sound: bool = True  # every posted micro-batch went through stage 0: a stop message in line reaches every rank
+
+
+def _stop_pipeline(workers: LocalWorkers, mailbox: Mailbox, ranks: range, sequence: Sequence) -> None:
+    """Post a stop in every worker's line where the pipeline is sound (other nodes' workers learn it only so;
+    this node's also leave when their pipes close), then stop this node's workers and leave the group."""
+    if sequence.sound and workers.first_death() is None:
+        for rank in ranks:
+            mailbox.post(rank, sequence.next, None)
+    _stop(workers)
+
+
 class PipelineRunner:
     reads_block_tables = True
     computes_logits = True
@@ -42,9 +58,9 @@ class PipelineRunner:
         self.max_in_flight = layout.pipeline_parallel_size
         self.worker_ranks = range(1, layout.world_size)
         self.in_flight: deque[tuple[SchedulerOutput, float]] = deque()  # with when each was scheduled
-        self.next_seq = self.next_result = 0
+        self.sequence, self.next_result = Sequence(), 0
         self.timer, self.period_start_s = StageTimer(), 0.0
-        self._finalizer = weakref.finalize(self, _stop, workers)
+        self._finalizer = weakref.finalize(self, _stop_pipeline, workers, mailbox, self.worker_ranks, self.sequence)
 
     @property
     def full(self) -> bool:
@@ -57,14 +73,15 @@ class PipelineRunner:
 
     def _submit(self, scheduler_output: SchedulerOutput, now: float) -> None:
         self.workers.check()
-        ticket = Ticket(scheduler_output, self.period_start_s)
+        ticket, seq = Ticket(scheduler_output, self.period_start_s), self.sequence.next
+        self.sequence.sound = False  # until stage 0 has handed it on
         for rank in self.worker_ranks:
-            self.mailbox.post(rank, self.next_seq, ticket)
+            self.mailbox.post(rank, seq, ticket)
         hidden = self.local.execute_forward(scheduler_output)
         busy, idle = self.timer.time(now, time.time(), self.period_start_s)
         self.link.send(hidden, [busy, idle])
         self.in_flight.append((scheduler_output, now))
-        self.next_seq += 1
+        self.sequence.next, self.sequence.sound = seq + 1, True
 
     def pop_finished(self, now: float) -> list[FinishedBatch]:
         finished = []

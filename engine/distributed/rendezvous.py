@@ -48,7 +48,8 @@ class Rendezvous:
         per_node = layout.world_size // self.nnodes
         return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
-    def store(self, world_size: int, is_master: bool) -> dist.TCPStore:
+    def store(self, world_size: int | None, is_master: bool) -> dist.TCPStore:
+        """The driver's store (``is_master``: it serves it), or a client of it."""
         return dist.TCPStore(self.master_addr, self.master_port, world_size, is_master=is_master,
                              timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False)
 

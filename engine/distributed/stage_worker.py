@@ -1,6 +1,7 @@
 """A pipeline stage's worker loop: take each micro-batch's ticket from the driver, the previous stage's hidden
 states, run this rank's layers, and hand the result on (the last stage: sample and post the tokens, with every
-stage's busy and idle seconds, to the driver). Any failure ends the worker, which the driver sees."""
+stage's busy and idle seconds, to the driver), until the driver posts a stop. Any failure ends the worker, which
+the driver sees."""
 from __future__ import annotations
 
 import itertools
@@ -26,7 +27,9 @@ def serve_stage(runner: ModelRunner, layout: RankLayout, rank: int, mailbox: Mai
     samples = last and layout.tp_rank(rank) == 0  # the other ranks of a tensor-parallel last stage only join in
     link, timer = stage_link(layout, rank, runner, hidden_size), StageTimer()
     for seq in itertools.count():
-        ticket: Ticket = mailbox.take(seq)
+        ticket: Ticket | None = mailbox.take(seq)
+        if ticket is None:  # the driver stops
+            return
         output = ticket.scheduler_output
         hidden, timings = None, []
         if stage:

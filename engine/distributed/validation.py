@@ -20,7 +20,7 @@ def check_parallel(parallel: ParallelConfig, arch: ArchConfig, device: torch.dev
         raise ConfigError(f"tensor_parallel_size={tp} and pipeline_parallel_size={pp} need runner=model, "
                           f"got runner={runner!r}")
     counts = {"attention heads": arch.num_heads, "KV heads": arch.num_kv_heads,
-              "MLP intermediate size": arch.intermediate_size}
+              "MLP intermediate size": arch.intermediate_size, "vocabulary size": arch.vocab_size}
     for what, count in counts.items():
         if count % tp:
             raise ConfigError(f"tensor_parallel_size={tp} does not divide the model's {count} {what} "

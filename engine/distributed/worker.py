@@ -27,6 +27,7 @@ def run_worker(rank: int, rendezvous: Rendezvous, layout: RankLayout, pipe: Conn
     except BaseException as exc:
         pipe.send(f"{type(exc).__name__}: {exc}")
         os._exit(1)  # not sys.exit: a process group's threads may hold the interpreter's exit
+    os._exit(0)
 
 
 def _exit_when_closed(pipe: Connection) -> None:
@@ -51,6 +52,6 @@ def serve(rank: int, rendezvous: Rendezvous, layout: RankLayout) -> None:
     channel.min_over_ranks(runner.num_blocks)
     if layout.pipeline_parallel_size > 1:
         serve_stage(runner, layout, rank, Mailbox(store, rank), setup.arch.hidden_size)
-    else:
-        while True:
-            runner.execute_forward(channel.receive_batch())
+        return
+    while (batch := channel.receive_batch()) is not None:
+        runner.execute_forward(batch)

@@ -14,7 +14,7 @@ from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears, tune_pieces
 from stallfree.engine.model.stages import PipelineStage
-from stallfree.engine.model.tensor_parallel import TensorParallel, reduce_row_parallel
+from stallfree.engine.model.tensor_parallel import TensorParallel, reduce_row_parallel, split_vocab
 from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
@@ -133,4 +133,6 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, de
         fuse_layers(model)  # where every part of each layer is native now (engine/model/fused_layers.py)
     if can_use_triton_ops(device):
         use_triton_ops(model)
+    if tp is not None:  # after packing: the packed LM head is the one whose slices are gathered
+        split_vocab(model, tp)
     return model

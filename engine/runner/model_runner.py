@@ -10,7 +10,7 @@ import torch
 
 from stallfree.engine.model.llama import Hidden, LlamaForCausalLM
 from stallfree.engine.request import SamplingParams
-from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
+from stallfree.engine.runner.batch_prep import HostBatch, prepare_host_batch, to_device
 from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.cuda_graphs import DecodeGraphs, Graph, cuda_graph_factory
 from stallfree.engine.runner.kv_sizing import (
@@ -89,11 +89,7 @@ class ModelRunner:
         threads = 0
         if self.device.type == "cpu":
             threads = self.cpu_threads.update() if self.cpu_threads is not None else torch.get_num_threads()
-        host = prepare_host_batch(units, self.block_size)
-        rows = prompt_rows(units, host.query_start_loc)
-        num_sampling = len(host.logits_indices)
-        if rows is not None:  # the model also returns the logits of these prompt positions, after the others
-            host.logits_indices = np.concatenate((host.logits_indices, rows.flat_indices))
+        host, rows, num_sampling = self._host_batch(units)
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
         decode_only = host.num_decodes == len(units) and rows is None
         split = None
@@ -115,14 +111,28 @@ class ModelRunner:
         return output
 
     @torch.inference_mode()
-    def execute_forward(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> Hidden:
-        """An iteration through this rank's layers, with no logits and no sampling (another rank samples,
-        engine/distributed/): a tensor-parallel worker's part, which joins the driver's all-reduces, or a
-        pipeline stage's, from the previous stage's ``hidden`` states (none on the first stage). The hidden
-        states the next stage takes."""
-        host = prepare_host_batch(scheduler_output.units, self.block_size)
-        input_ids, positions, meta, _ = to_device(host, self.device)
-        return self.model.hidden_states(input_ids, positions, self.attn_backend, self.kv_caches, meta, hidden)
+    def execute_forward(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> Hidden | None:
+        """An iteration through this rank's layers with no sampling (another rank samples, engine/distributed/):
+        a tensor-parallel worker's part, which joins the driver's collectives, or a pipeline stage's, from the
+        previous stage's ``hidden`` states (none on the first stage). A rank of an earlier stage returns the
+        hidden states the next stage takes; one of the last stage also runs the LM head (joining the
+        vocab-parallel LM head's collectives) and returns None."""
+        host, _, _ = self._host_batch(scheduler_output.units)
+        input_ids, positions, meta, logits_indices = to_device(host, self.device)
+        if not self.model.stage.last:
+            return self.model.hidden_states(input_ids, positions, self.attn_backend, self.kv_caches, meta, hidden)
+        self.model(input_ids, positions, self.attn_backend, self.kv_caches, meta, logits_indices, hidden)
+        return None
+
+    def _host_batch(self, units: list[ScheduledUnit]) -> tuple[HostBatch, PromptRows | None, int]:
+        """The flat batch on the host, the prompt rows whose logprobs are asked for, and how many rows sample
+        (the logits of the prompt rows come after theirs)."""
+        host = prepare_host_batch(units, self.block_size)
+        rows = prompt_rows(units, host.query_start_loc)
+        num_sampling = len(host.logits_indices)
+        if rows is not None:
+            host.logits_indices = np.concatenate((host.logits_indices, rows.flat_indices))
+        return host, rows, num_sampling
 
     @staticmethod
     def _add_logprobs(output: ModelRunnerOutput, logits: torch.Tensor, num_sampling: int,
