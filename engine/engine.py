@@ -5,22 +5,21 @@ import dataclasses
 import itertools
 import logging
 
-import torch
-
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
-from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
+from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
 from stallfree.engine.runner.clock import Clock
 from stallfree.engine.runner.cost_model import CostModel
-from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
+from stallfree.engine.runner.factory import RunnerSetup
+from stallfree.engine.runner.kv_sizing import blocks_for_budget
 from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
-from stallfree.engine.runner.serial import SerialRunner
+from stallfree.engine.runners import build_runners
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -71,16 +70,10 @@ class LLMEngine:
         else:
             # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
             sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
-            num_blocks = cc.num_blocks or (None if sized_by_runner else self._num_blocks_for_budget(arch))
-            setup = RunnerSetup(config, path, arch, self.max_model_len, num_blocks, self.dtype, self.device,
-                                self.eos_token_ids, cost_model)
-            if config.parallel.world_size > 1:  # worker processes (imported only then)
-                from stallfree.engine.distributed.driver import start_driver
-
-                self.runner, self.batches, self.clock = start_driver(setup)
-            else:
-                self.runner, self.clock = RUNNERS[mc.runner](setup)
-                self.batches = SerialRunner(self.runner, self.clock)
+            num_blocks = cc.num_blocks or (None if sized_by_runner else blocks_for_budget(arch, cc, config.parallel, self.dtype))
+            self.runner, self.batches, self.clock = build_runners(RunnerSetup(
+                config, path, arch, self.max_model_len, num_blocks, self.dtype, self.device, self.eos_token_ids,
+                cost_model))
             num_blocks = num_blocks or self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
@@ -100,15 +93,6 @@ class LLMEngine:
     @classmethod
     def from_kwargs(cls, **kwargs) -> LLMEngine:
         return cls.from_config(EngineConfig.from_kwargs(**kwargs))
-
-    def _num_blocks_for_budget(self, arch: ArchConfig) -> int:
-        """The blocks of ``kv_memory_gib`` per rank: a rank holds its stage's layers and its share of KV heads."""
-        cc, parallel = self.config.cache, self.config.parallel
-        num_layers = -(-arch.num_layers // parallel.pipeline_parallel_size)
-        num_kv_heads = max(1, arch.num_kv_heads // parallel.tensor_parallel_size)
-        bytes_per_block = (2 * num_layers * cc.block_size * num_kv_heads * arch.head_dim
-                           * torch.empty((), dtype=self.dtype).element_size())
-        return max(1, int(cc.kv_memory_gib * 2**30 // bytes_per_block))
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -178,14 +162,11 @@ class LLMEngine:
         return self._output(request, [])
 
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """Schedule and run iterations until one has finished: outputs for every request that got a token, or
-        with ``finished_only`` for those that finished (a replay that reads only final outputs skips one per
-        token). A step that runs work returns when a micro-batch has finished, its BatchRecord appended.
-
-        One path for every runner (``BatchRunner``, engine/runner/base.py): a micro-batch is scheduled among the
-        requests not in flight whenever the runner can take one, and applied when it leaves the last stage. A
-        runner of one iteration at a time has it back when ``submit`` returns; a pipeline keeps up to PP in
-        flight. With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival.
+        """Schedule and run iterations until one has finished (its BatchRecord appended): outputs for every request
+        that got a token, or with ``finished_only`` for those that finished. One path for every runner
+        (``BatchRunner``, engine/runner/base.py): a micro-batch is scheduled among the requests not in flight
+        whenever the runner can take one (a pipeline keeps up to PP in flight, any other runner one, back when
+        ``submit`` returns); with nothing to schedule, wait for the oldest to leave, else for the next arrival.
         A runner that dies (RunnerDead) ends every unfinished request with its cause."""
         self.check_alive()
         outputs: list[RequestOutput] = []
@@ -223,7 +204,9 @@ class LLMEngine:
             scheduler_output, result, failed = batch.output, batch.result, []
             if batch.errors:
                 scheduler_output, failed = self._fail_requests(scheduler_output, batch.errors)
-            self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
+            for request_id, logprobs in result.prompt_logprobs.items():  # before a finishing request leaves
+                if (request := self.scheduler.requests.get(request_id)) is not None:  # None: aborted meanwhile
+                    request.prompt_logprobs += logprobs
             updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, batch.end_s)
             for request in updated:
                 if request.logprobs is not None:
@@ -281,12 +264,6 @@ class LLMEngine:
         return records
 
     # -- internals ---------------------------------------------------------------------------------
-
-    def _keep_prompt_logprobs(self, prompt_logprobs: dict[str, list[TokenLogprob]]) -> None:
-        """Append the step's prompt logprobs to their requests."""
-        for request_id, logprobs in prompt_logprobs.items():
-            if (request := self.scheduler.requests.get(request_id)) is not None:  # None: aborted meanwhile
-                request.prompt_logprobs += logprobs
 
     def _fail_requests(self, output: SchedulerOutput,
                        errors: dict[str, Exception]) -> tuple[SchedulerOutput, list[RequestOutput]]:

@@ -5,7 +5,7 @@ the decode CUDA graphs' memory pool.
 
 ``kv_cache_bytes`` is the rule, a pure function of the measured figures (tested on CPU with made-up
 ones); ``CudaMemoryProbe`` reads the figures from torch.cuda; ``measure`` runs the measurement around the
-model runner's warm-up passes. The CPU path does not come here: it keeps ``cache.kv_memory_gib``.
+model runner's warm-up passes. The CPU path keeps ``cache.kv_memory_gib`` per rank (``blocks_for_budget``).
 """
 from __future__ import annotations
 
@@ -15,8 +15,23 @@ from typing import Protocol
 
 import torch
 
+from stallfree.engine.config import CacheConfig, ParallelConfig
+from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.stages import stage_layer_counts
+
 GIB = 2**30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+
+
+def blocks_for_budget(arch: ArchConfig, cache: CacheConfig, parallel: ParallelConfig, dtype: torch.dtype) -> int:
+    """The KV blocks ``cache.kv_memory_gib`` holds on one rank: the layers of the largest pipeline stage and the
+    rank's share of the KV heads."""
+    pp = min(parallel.pipeline_parallel_size, arch.num_layers)  # more stages than layers fail in validation
+    num_layers = max(stage_layer_counts(arch.num_layers, pp))
+    num_kv_heads = max(1, arch.num_kv_heads // parallel.tensor_parallel_size)
+    bytes_per_block = (2 * num_layers * cache.block_size * num_kv_heads * arch.head_dim
+                       * torch.empty((), dtype=dtype).element_size())
+    return max(1, int(cache.kv_memory_gib * GIB // bytes_per_block))
 
 
 @dataclass(frozen=True)
