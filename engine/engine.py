@@ -7,6 +7,7 @@ import logging
 
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
+from stallfree.engine.executor import make_executor
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
@@ -15,11 +16,8 @@ from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
 from stallfree.engine.runner.clock import Clock
 from stallfree.engine.runner.cost_model import CostModel
-from stallfree.engine.runner.factory import RunnerSetup
-from stallfree.engine.runner.kv_sizing import blocks_for_budget
 from stallfree.engine.runner.profile import resolve_cost_model
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
-from stallfree.engine.runners import build_runners
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
@@ -68,13 +66,8 @@ class LLMEngine:
             self.runner = self.batches = self.simulation.runner
             self.clock: Clock = self.simulation.clock
         else:
-            # On CUDA the model runner sizes the KV cache from measured memory (engine/runner/kv_sizing.py).
-            sized_by_runner = self.device.type == "cuda" and mc.runner == "model" and not cc.num_blocks
-            num_blocks = cc.num_blocks or (None if sized_by_runner else blocks_for_budget(arch, cc, config.parallel, self.dtype))
-            self.runner, self.batches, self.clock = build_runners(RunnerSetup(
-                config, path, arch, self.max_model_len, num_blocks, self.dtype, self.device, self.eos_token_ids,
-                cost_model))
-            num_blocks = num_blocks or self.runner.num_blocks
+            self.runner, self.batches, self.clock, num_blocks = make_executor(
+                config, path, arch, self.max_model_len, self.dtype, self.device, self.eos_token_ids, cost_model)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
@@ -233,18 +226,15 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the runner's worker processes, if it has any (again: a no-op)."""
-        if (shutdown := getattr(self.runner, "shutdown", None)) is not None:
-            shutdown()
+        getattr(self.runner, "shutdown", lambda: None)()
 
     def _die(self, exc: RunnerDead) -> list[RequestOutput]:
         """End every unfinished request with ``exc`` as its error; later calls raise it."""
         self.dead = f"the engine stopped: {exc}"[:MAX_ERROR_CHARS]
-        logger.error("%s", self.dead)
-        now, outputs = self.clock(), []
-        for request in list(self.scheduler.requests.values()):
+        now, requests = self.clock(), list(self.scheduler.requests.values())
+        for request in requests:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
-            outputs.append(self._output(request, [], error=self.dead))
-        return outputs
+        return [self._output(request, [], error=self.dead) for request in requests]
 
     def reconfigure_scheduler(self, **knobs) -> None:
         """Replace the scheduler, while no request is unfinished, with one built from the scheduler config

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from stallfree.engine.distributed.driver import DEATH_GRACE_S, _stop, is_collective_failure
+from stallfree.engine.distributed.distributed_runner import DEATH_GRACE_S, _stop, is_collective_failure
 from stallfree.engine.distributed.layout import RankLayout
 from stallfree.engine.distributed.mailbox import Mailbox
 from stallfree.engine.distributed.stage_link import StageLink, StageTimer, Ticket

@@ -73,8 +73,10 @@ class LocalWorkers:
     def wait_for_death(self, timeout_s: float) -> str | None:
         """The first worker to end within ``timeout_s``, described (a collective that failed on the driver
         may have seen its peer go before the process was reaped); None if all still run."""
-        if self.workers:
-            wait([w.process.sentinel for w in self.workers], timeout_s)
+        ended = wait([w.process.sentinel for w in self.workers], timeout_s) if self.workers else []
+        for worker in self.workers:
+            if worker.process.sentinel in ended:
+                worker.process.join(timeout_s)  # its files close before its exit status is there to read
         return self.first_death()
 
     def stop(self) -> None:

@@ -17,21 +17,9 @@ import torch
 
 from stallfree.engine.config import CacheConfig, ParallelConfig
 from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.model.stages import stage_layer_counts
 
 GIB = 2**30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
-
-
-def blocks_for_budget(arch: ArchConfig, cache: CacheConfig, parallel: ParallelConfig, dtype: torch.dtype) -> int:
-    """The KV blocks ``cache.kv_memory_gib`` holds on one rank: the layers of the largest pipeline stage and the
-    rank's share of the KV heads."""
-    pp = min(parallel.pipeline_parallel_size, arch.num_layers)  # more stages than layers fail in validation
-    num_layers = max(stage_layer_counts(arch.num_layers, pp))
-    num_kv_heads = max(1, arch.num_kv_heads // parallel.tensor_parallel_size)
-    bytes_per_block = (2 * num_layers * cache.block_size * num_kv_heads * arch.head_dim
-                       * torch.empty((), dtype=dtype).element_size())
-    return max(1, int(cache.kv_memory_gib * GIB // bytes_per_block))
 
 
 @dataclass(frozen=True)
@@ -43,6 +31,16 @@ class MemoryProfile:
     weights_and_activations: int  # torch's peak allocation over the weights and a warm-up at the max batch
     non_torch: int  # what the device lost outside torch's allocator meanwhile (CUDA context, libraries)
     graphs: int  # the decode graphs' pool: the activations of a decode pass at the largest bucket; 0 without
+
+
+def blocks_for_budget(arch: ArchConfig, cache: CacheConfig, parallel: ParallelConfig, dtype: torch.dtype) -> int:
+    """The KV blocks ``cache.kv_memory_gib`` holds on one rank (CPU): a rank holds its pipeline stage's layers
+    and its share of the KV heads."""
+    num_layers = -(-arch.num_layers // parallel.pipeline_parallel_size)
+    num_kv_heads = max(1, arch.num_kv_heads // parallel.tensor_parallel_size)
+    bytes_per_block = (2 * num_layers * cache.block_size * num_kv_heads * arch.head_dim
+                       * torch.empty((), dtype=dtype).element_size())
+    return max(1, int(cache.kv_memory_gib * GIB // bytes_per_block))
 
 
 def kv_cache_bytes(profile: MemoryProfile, utilization: float) -> int:

@@ -54,7 +54,7 @@ def resolve_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     of its own, taken before the engine is built, since profiling builds real engines."""
     mc = config.model
     if mc.runner != "simulated" or mc.deployment is not None or config.parallel.pipeline_parallel_size > 1:
-        return None  # a simulated pipeline's stage cost models are read by engine/runners.py
+        return None  # a simulated pipeline's stage cost models are read by engine/executor.py
     CLOCKS[mc.clock]  # a bad model.clock fails before the profile runs, not after
     return CostModel.load(mc.cost_model) if mc.cost_model else profile_cost_model(config, make_engine)
 

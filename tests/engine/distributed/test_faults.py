@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from stallfree.engine import SamplingParams
-from stallfree.engine.distributed import driver, workers
+from stallfree.engine.distributed import distributed_runner, workers
 from stallfree.engine.distributed.rendezvous import StartupTimeout
 from stallfree.engine.runner.base import RunnerDead
 from tests.engine.distributed.conftest import tp2_engine
@@ -92,7 +92,7 @@ def test_stopped_driver_leaves_no_worker(stop):
 
 
 def test_rank_that_never_joins_times_out_naming_it(monkeypatch, no_orphans):
-    monkeypatch.setattr(driver, "run_worker", never_joins)
+    monkeypatch.setattr(distributed_runner, "run_worker", never_joins)
     monkeypatch.setattr(workers, "STOP_GRACE_S", 0.5)
     started = time.monotonic()
     with pytest.raises(StartupTimeout, match=r"^rank 1 of 2 did not join the process group within 2 s"):
