@@ -32,12 +32,12 @@ T = TypeVar("T")
 
 
 @dataclass
-class Sequence:
+class Submitted:
     next: int = 0  # the number of the next micro-batch
     sound: bool = True  # every posted micro-batch went through stage 0: a stop message in line reaches every rank
 
 
-def _stop_pipeline(workers: LocalWorkers, mailbox: Mailbox, ranks: range, sequence: Sequence) -> None:
+def _stop_pipeline(workers: LocalWorkers, mailbox: Mailbox, ranks: range, sequence: Submitted) -> None:
     """Post a stop in every worker's line where the pipeline is sound (other nodes' workers learn it only so;
     this node's also leave when their pipes close), then stop this node's workers and leave the group."""
     if sequence.sound and workers.first_death() is None:
@@ -58,7 +58,7 @@ class PipelineRunner:
         self.max_in_flight = layout.pipeline_parallel_size
         self.worker_ranks = range(1, layout.world_size)
         self.in_flight: deque[tuple[SchedulerOutput, float]] = deque()  # with when each was scheduled
-        self.sequence, self.next_result = Sequence(), 0
+        self.sequence, self.next_result = Submitted(), 0
         self.timer, self.period_start_s = StageTimer(), 0.0
         self._finalizer = weakref.finalize(self, _stop_pipeline, workers, mailbox, self.worker_ranks, self.sequence)
 
