@@ -24,18 +24,19 @@ class WorkerProcess:
     rank: int
     process: mp.Process  # a spawn context's process
     pipe: Connection  # the driver's end
+    last_words: str = ""  # the error a failing worker sent before it exited
 
     def describe_death(self) -> str:
         code = self.process.exitcode
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exited with code {code}")
-        last_words = ""
         try:
-            if self.pipe.poll():
-                last_words = f": {self.pipe.recv()}"
+            if not self.last_words and self.pipe.poll():
+                self.last_words = self.pipe.recv()
         except (EOFError, OSError):
             pass
-        return f"worker rank {self.rank} (pid {self.process.pid}) {how}{last_words}"
+        words = f": {self.last_words}" if self.last_words else ""
+        return f"worker rank {self.rank} (pid {self.process.pid}) {how}{words}"
 
 
 class LocalWorkers:

@@ -34,6 +34,17 @@ def never_joins(rank, rendezvous, layout, pipe) -> None:
     time.sleep(600)
 
 
+def fails_to_start(rank, rendezvous, layout, pipe) -> None:
+    """The real worker entry, whose rank fails as it starts (in the worker's process)."""
+    from stallfree.engine.distributed import worker
+
+    def no_space(*_):
+        raise OSError("no space left on device")
+
+    worker.serve = no_space
+    worker.run_worker(rank, rendezvous, layout, pipe)
+
+
 def wait_gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while (alive := [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]) \
@@ -98,3 +109,10 @@ def test_rank_that_never_joins_times_out_naming_it(monkeypatch, no_orphans):
     with pytest.raises(StartupTimeout, match=r"^rank 1 of 2 did not join the process group within 2 s"):
         tp2_engine(startup_timeout_s=2.0)
     assert time.monotonic() - started < 30
+
+
+def test_rank_that_fails_to_start_is_named_with_its_error(monkeypatch, no_orphans):
+    monkeypatch.setattr(distributed_runner, "run_worker", fails_to_start)
+    with pytest.raises(workers.WorkerDied, match=r"^startup failed: worker rank 1 \(pid \d+\) exited with code 1: "
+                                                 r"OSError: no space left on device$"):
+        tp2_engine()

@@ -33,6 +33,7 @@ def test_tp2_tokens_equal_one_process_and_hf(tiny_path, prompts):
         engine.shutdown()
 
 
+@pytest.mark.slow
 def test_tp2_qkv_bias_and_tied_embeddings_equal_hf(arch_paths, prompts):
     """Qwen2-style: the QKV bias is split with its heads; the tied embedding and LM head stay whole."""
     engine = tp2_engine(str(arch_paths["qwen2"]), scheduler="sarathi", chunk_size=64)
@@ -75,3 +76,16 @@ def test_logprobs_once_on_the_driver_equal_one_process(small_cache_engines, prom
         for a, b in zip(ours, theirs, strict=True):
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+@pytest.mark.slow
+def test_tp2_small_equals_hf():
+    """`small`: 12 heads, 4 KV heads, a 32,000-token vocabulary split in two."""
+    from stallfree.engine.model.presets import resolve_model_path
+    prompts = make_prompts(8, seed=0, vocab=32000)
+    engine = tp2_engine("small", kv_memory_gib=0.25, scheduler="sarathi", chunk_size=64)
+    try:
+        got = run_staggered(engine, prompts, MAX_TOKENS)
+    finally:
+        engine.shutdown()
+    assert [got[f"r{i}"] for i in range(len(prompts))] == hf_greedy(resolve_model_path("small"), prompts, MAX_TOKENS)
