@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import TYPE_CHECKING
 
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
@@ -15,18 +14,15 @@ from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
-from stallfree.engine.request import Request, RequestStatus, SamplingParams, TokenLogprob
+from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.request_limits import check_context_length, check_prompt_ids
-from stallfree.engine.runner.base import RunnerDead
-from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.runner.isolation import execute_isolating
+from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
+from stallfree.engine.runner.clock import Clock
+from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
-from stallfree.engine.utilization import OperatorSplit, make_meter
-
-if TYPE_CHECKING:
-    from stallfree.engine.simulator.pipeline import MicroBatchTiming
+from stallfree.engine.utilization import make_meter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
@@ -65,16 +61,18 @@ class LLMEngine:
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
+        self.batches: BatchRunner
         if self.simulation is not None:
             num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
-            self.runner, self.clock = self.simulation.runner, VirtualClock()
+            self.runner = self.batches = self.simulation.runner
+            self.clock: Clock = self.simulation.clock
         else:
-            self.runner, self.clock, num_blocks = make_executor(config, path, arch, self.max_model_len, self.dtype,
-                                                                self.device, self.eos_token_ids, cost_model)
+            self.runner, self.batches, self.clock, num_blocks = make_executor(
+                config, path, arch, self.max_model_len, self.dtype, self.device, self.eos_token_ids, cost_model)
         self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
-        self.scheduler.snapshot_block_tables = self.runner.reads_block_tables
-        self.utilization = make_meter(mc.runner, self.runner, arch, self.device, self.dtype)
+        self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
+        self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype)
         self.batch_records: list[BatchRecord] = []
         self.dead: str | None = None  # why the runner can run no more (a worker process died)
         self._ids = itertools.count()
@@ -127,7 +125,7 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_prompt_ids(token_ids, self.vocab_size)
         check_context_length(len(token_ids), None, self.max_model_len)
-        if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.runner.computes_logits:
+        if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.batches.computes_logits:
             raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.scheduler.requests:
@@ -152,65 +150,60 @@ class LLMEngine:
         return self._output(request, [])
 
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """One iteration: schedule, run, update. Returns an output for every request that got a token, or with
-        ``finished_only`` for those that finished (a replay that reads only final outputs skips one per token)."""
-        if self.simulation is not None:  # a deployment's pipeline: micro-batches in flight
-            return self._step_pipelined(finished_only)
+        """Schedule and run iterations until one has finished (its BatchRecord appended): outputs for every request
+        that got a token, or with ``finished_only`` for those that finished. One path for every runner
+        (``BatchRunner``, engine/runner/base.py): a micro-batch is scheduled among the requests not in flight
+        whenever the runner can take one (a pipeline keeps up to PP in flight, any other runner one, back when
+        ``submit`` returns); with nothing to schedule, wait for the oldest to leave, else for the next arrival.
+        A runner that dies (RunnerDead) ends every unfinished request with its cause."""
         self.check_alive()
-        start = self.clock()
-        scheduler_output = self.scheduler.schedule(start)
-        if not scheduler_output.units:
-            if (arrival := self.scheduler.next_arrival_time()) is not None:
-                self.clock.idle_until(arrival)
-            return []
+        outputs: list[RequestOutput] = []
         try:
-            result = self.runner.execute_model(scheduler_output)
-            failed: list[RequestOutput] = []
+            self._run_until_finished(finished_only, outputs)
         except RunnerDead as exc:
-            return self._die(exc)
-        except Exception as exc:  # end only the requests it failed on; the others keep their tokens
-            logger.warning("engine.step raised; re-running it to find the requests it fails on", exc_info=exc)
-            try:
-                result, errors = execute_isolating(self.runner, scheduler_output, exc)
-            except RunnerDead as dead:
-                return self._die(dead)
-            scheduler_output, failed = self._fail_requests(scheduler_output, errors)
-        end = self.clock()
-        self._keep_prompt_logprobs(result.prompt_logprobs)  # before a finishing request leaves the scheduler
-        updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, end)
-        for request in updated:
-            if request.logprobs is not None:
-                request.logprobs.append(result.sample_logprobs[request.request_id])
-        self._record(scheduler_output, start, end, cpu_threads=result.cpu_threads, split=result.operator_split)
-        return self._outputs(updated, finished_only) + failed
+            outputs += self._die(exc)
+        return outputs
 
-    def _step_pipelined(self, finished_only: bool) -> list[RequestOutput]:
-        """Pipeline parallelism on a virtual clock (engine/simulator): hand back the micro-batches that left
-        the last stage, then schedule the next one when stage 0 is free, among the requests not in flight.
-        With nothing to schedule, wait for the next micro-batch to leave, else for the next arrival."""
-        runner, outputs = self.runner, []
+    def _run_until_finished(self, finished_only: bool, outputs: list[RequestOutput]) -> None:
+        batches = self.batches
         while True:
             now = self.clock()
-            for done in runner.pop_finished(now):
-                updated = self.scheduler.update_from_output(done.output, done.sampled, done.timing.end_s)
-                outputs += self._outputs(updated, finished_only)
-            if not runner.full:
+            if self._apply(batches.pop_finished(now), finished_only, outputs):
+                return
+            if not batches.full:
                 scheduler_output = self.scheduler.schedule(now)
                 if scheduler_output.units:
-                    timing = runner.submit(scheduler_output, now)
-                    self._record(scheduler_output, now, timing.end_s, timing=timing, split=runner.last_operator_split)
-                    self.clock.advance_to(runner.next_start_s())
-                    return outputs
-            if (end := runner.next_end_s()) is not None:
-                self.clock.advance_to(end)
+                    batches.submit(scheduler_output, now)
+                    if self._apply(batches.pop_finished(self.clock()), finished_only, outputs):
+                        return
+                    continue  # a pipeline with room: the next micro-batch
+            if batches.wait():
                 continue
-            if (arrival := self.scheduler.next_arrival_time()) is not None:
+            arrival = self.scheduler.next_arrival_time()
+            if arrival is not None:
                 self.clock.idle_until(arrival)
-                runner.idle_until(arrival)
-            return outputs
+            batches.idle_until(now if arrival is None else arrival)
+            return
 
-    def _record(self, out: SchedulerOutput, start: float, end: float, *, cpu_threads: int = 0,
-                split: OperatorSplit | None = None, timing: MicroBatchTiming | None = None) -> None:
+    def _apply(self, finished: list[FinishedBatch], finished_only: bool, outputs: list[RequestOutput]) -> int:
+        """Apply finished micro-batches to their requests and record them, their requests' outputs appended to
+        ``outputs``; how many there were."""
+        for batch in finished:
+            scheduler_output, result, failed = batch.output, batch.result, []
+            if batch.errors:
+                scheduler_output, failed = self._fail_requests(scheduler_output, batch.errors)
+            for request_id, logprobs in result.prompt_logprobs.items():  # before a finishing request leaves
+                if (request := self.scheduler.requests.get(request_id)) is not None:  # None: aborted meanwhile
+                    request.prompt_logprobs += logprobs
+            updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids, batch.end_s)
+            for request in updated:
+                if request.logprobs is not None:
+                    request.logprobs.append(result.sample_logprobs[request.request_id])
+            self._record(scheduler_output, batch.start_s, batch.end_s, result)
+            outputs += self._outputs(updated, finished_only) + failed
+        return len(finished)
+
+    def _record(self, out: SchedulerOutput, start: float, end: float, result: ModelRunnerOutput) -> None:
         self.batch_records.append(BatchRecord(
             iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
@@ -218,9 +211,8 @@ class LLMEngine:
             prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
             num_waiting=self.num_waiting, num_running=self.num_running,
-            stage_busy_s=list(timing.stage_busy_s) if timing else [],
-            stage_idle_s=list(timing.stage_idle_s) if timing else [],
-            cpu_threads=cpu_threads, **self.utilization.fields(out.units, end - start, split)))
+            stage_busy_s=list(result.stage_busy_s), stage_idle_s=list(result.stage_idle_s),
+            cpu_threads=result.cpu_threads, **self.utilization.fields(out.units, end - start, result.operator_split)))
 
     def check_alive(self) -> None:
         """Raise RunnerDead once the runner can run no more (its cause in the message)."""
@@ -257,12 +249,6 @@ class LLMEngine:
         return records
 
     # -- internals ---------------------------------------------------------------------------------
-
-    def _keep_prompt_logprobs(self, prompt_logprobs: dict[str, list[TokenLogprob]]) -> None:
-        """Append the step's prompt logprobs to their requests."""
-        for request_id, logprobs in prompt_logprobs.items():
-            if (request := self.scheduler.requests.get(request_id)) is not None:  # None: aborted meanwhile
-                request.prompt_logprobs += logprobs
 
     def _fail_requests(self, output: SchedulerOutput,
                        errors: dict[str, Exception]) -> tuple[SchedulerOutput, list[RequestOutput]]:

@@ -36,7 +36,7 @@ class BatchRecord:
     num_kv_blocks_used: int  # KV blocks held after the step (finished requests freed theirs)
     num_waiting: int  # requests waiting after the step
     num_running: int  # requests running after the step
-    # A simulated deployment's pipeline stages (engine/simulator/pipeline.py); empty for other runners.
+    # A pipeline's stages, simulated (engine/simulator/pipeline.py) or real (engine/distributed/); else empty.
     stage_busy_s: list[float] = field(default_factory=list)  # each stage's busy time on this micro-batch
     stage_idle_s: list[float] = field(default_factory=list)  # each stage's idle time (bubble) right before it
     cpu_threads: int = 0  # CPU threads the iteration ran with (engine/runner/cpu_threads.py); 0: not on the CPU

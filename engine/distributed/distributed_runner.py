@@ -8,22 +8,29 @@ import pickle
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from stallfree.engine.distributed.channel import Channel
+from stallfree.engine.distributed.channel import DRIVER, Channel
 from stallfree.engine.distributed.groups import make_groups
 from stallfree.engine.distributed.layout import RankLayout
+from stallfree.engine.distributed.mailbox import Mailbox
 from stallfree.engine.distributed.rank_runner import backend_for, build_rank_runner, rank_device, use_cores
 from stallfree.engine.distributed.rendezvous import SETUP_KEY, Rendezvous, init_process_group, wait_for_ranks
 from stallfree.engine.distributed.validation import check_parallel
 from stallfree.engine.distributed.worker import run_worker
 from stallfree.engine.distributed.workers import LocalWorkers, WorkerDied
+from stallfree.engine.runner.base import BatchRunner
 from stallfree.engine.runner.clock import WallClock
 from stallfree.engine.runner.factory import RunnerSetup
 from stallfree.engine.runner.model_runner import ModelRunner
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
+from stallfree.engine.runner.serial import SerialRunner
 from stallfree.engine.scheduler.output import SchedulerOutput
+
+if TYPE_CHECKING:
+    from stallfree.engine.distributed.pipeline_runner import PipelineRunner
 
 log = logging.getLogger(__name__)
 # After a failed collective, how long the worker that broke it has to be seen gone: a killed process closes
@@ -91,9 +98,10 @@ def _stop(workers: LocalWorkers, channel: Channel | None = None, group: GroupSta
 
 
 def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] | None = None
-                 ) -> tuple[DistributedRunner, WallClock]:
+                 ) -> tuple[DistributedRunner | PipelineRunner, BatchRunner, WallClock]:
     """Check the sizes, start this node's workers (``worker_target``: tests stand in a rank that never joins)
-    and build rank 0's runner; on any failure every worker is stopped before the error propagates."""
+    and build rank 0's runner; on any failure every worker is stopped before the error propagates. The runner,
+    the BatchRunner the engine steps (a pipeline's runner is one itself) and the clock."""
     parallel = setup.config.parallel
     layout = RankLayout(parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
     rendezvous = Rendezvous.from_env(parallel.startup_timeout_s)
@@ -126,4 +134,14 @@ def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] | None =
     log.info("%d ranks: tensor_parallel_size=%d x pipeline_parallel_size=%d, %s, %d KV blocks per rank",
              layout.world_size, layout.tensor_parallel_size, layout.pipeline_parallel_size,
              backend_for(device), num_blocks)
-    return DistributedRunner(local, channel, workers, num_blocks), WallClock()
+    clock = WallClock()
+    if layout.pipeline_parallel_size > 1:
+        from stallfree.engine.distributed.pipeline_runner import PipelineRunner  # it imports this module
+        from stallfree.engine.distributed.stage_worker import stage_link
+
+        pipeline = PipelineRunner(local, layout, Mailbox(store, DRIVER), stage_link(layout, 0, local,
+                                                                                    setup.arch.hidden_size),
+                                  workers, num_blocks)
+        return pipeline, pipeline, clock
+    runner = DistributedRunner(local, channel, workers, num_blocks)
+    return runner, SerialRunner(runner, clock), clock

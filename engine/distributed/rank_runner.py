@@ -8,6 +8,7 @@ import torch
 
 from stallfree.engine.distributed.groups import RankGroups
 from stallfree.engine.distributed.layout import RankLayout
+from stallfree.engine.model.stages import PipelineStage
 from stallfree.engine.model.tensor_parallel import TensorParallel
 from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
 from stallfree.engine.runner.model_runner import ModelRunner
@@ -33,5 +34,7 @@ def build_rank_runner(setup: RunnerSetup, layout: RankLayout, rank: int, groups:
         layout.tp_rank(rank), layout.tensor_parallel_size, groups.tp)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    runner, _ = RUNNERS["model"](dataclasses.replace(setup, device=device, tensor_parallel=tp))
+    stage = None if layout.pipeline_parallel_size == 1 else PipelineStage.of(
+        setup.arch.num_layers, layout.pp_rank(rank), layout.pipeline_parallel_size)
+    runner, _ = RUNNERS["model"](dataclasses.replace(setup, device=device, tensor_parallel=tp, pipeline_stage=stage))
     return runner

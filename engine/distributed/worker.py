@@ -10,8 +10,10 @@ from multiprocessing.connection import Connection
 from stallfree.engine.distributed.channel import Channel
 from stallfree.engine.distributed.groups import make_groups
 from stallfree.engine.distributed.layout import RankLayout
+from stallfree.engine.distributed.mailbox import Mailbox
 from stallfree.engine.distributed.rank_runner import backend_for, build_rank_runner, rank_device, use_cores
 from stallfree.engine.distributed.rendezvous import SETUP_KEY, Rendezvous, init_process_group
+from stallfree.engine.distributed.stage_worker import serve_stage
 from stallfree.engine.runner.factory import RunnerSetup
 
 
@@ -48,5 +50,8 @@ def serve(rank: int, rendezvous: Rendezvous, layout: RankLayout) -> None:
     runner = build_rank_runner(setup, layout, rank, groups, device)
     channel = Channel(groups.control)
     channel.min_over_ranks(runner.num_blocks)
+    if layout.pipeline_parallel_size > 1:
+        serve_stage(runner, layout, rank, Mailbox(store, rank), setup.arch.hidden_size)
+        return
     while (batch := channel.receive_batch()) is not None:
         runner.execute_forward(batch)

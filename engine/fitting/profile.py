@@ -54,8 +54,8 @@ def resolve_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     profiled on this model's real runner (cached, see ``profile_cost_model``); None for other runners. A step
     of its own, taken before the engine is built, since profiling builds real engines."""
     mc = config.model
-    if mc.runner != "simulated" or mc.deployment is not None:
-        return None
+    if mc.runner != "simulated" or mc.deployment is not None or config.parallel.pipeline_parallel_size > 1:
+        return None  # a simulated pipeline's stage cost models are read by engine/executor.py
     CLOCKS[mc.clock]  # a bad model.clock fails before the profile runs, not after
     if mc.cost_model:
         return CostModel.load(cost_model_file(mc.cost_model, "model.cost_model"))

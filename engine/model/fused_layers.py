@@ -72,15 +72,17 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
     fused_args: list[FusedLayerArgs]
     fused: bool
 
-    def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata):
+    def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata,
+                   residual: torch.Tensor | None = None):
         if not self.fused or type(attn_backend) is not CPUPagedAttention:
-            return super().run_layers(x, cos_sin, attn_backend, kv_caches, meta)
+            return super().run_layers(x, cos_sin, attn_backend, kv_caches, meta, residual)
+        first_layer = residual is None  # else a previous pipeline stage's stream, added by the first layer here
         first = self.fused_args[0]
         tokens = x.shape[0]
         q_size = first.num_heads * first.head_dim
         qkv = x.new_empty(tokens, q_size + 2 * first.num_kv_heads * first.head_dim)
         attn, act = x.new_empty(tokens, q_size), x.new_empty(tokens, first.intermediate)
-        residual = torch.empty_like(x)
+        residual = torch.empty_like(x) if residual is None else residual.clone()
         (cos, sin), tables = cos_sin, meta.block_tables
         _, num_blocks, block_size, _ = kv_caches[0][0].shape
         step = FusedStepArgs(tokens, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(),
@@ -90,7 +92,7 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
         kernel, step_ref = load_cpu_kernels().decoder_layer_bf16, ctypes.byref(step)
         for i, (args, (k_cache, v_cache)) in enumerate(zip(self.fused_args, kv_caches, strict=True)):
             if kernel(ctypes.byref(args), step_ref, x.data_ptr(), residual.data_ptr(), k_cache.data_ptr(),
-                      v_cache.data_ptr(), int(i == 0)) != 0:
+                      v_cache.data_ptr(), int(i == 0 and first_layer)) != 0:
                 raise RuntimeError("the native decoder layer cannot run here (AMX or the head dim)")
         return x, residual
 

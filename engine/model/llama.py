@@ -8,6 +8,9 @@ from torch import nn
 
 from stallfree.engine.attention import AttentionMetadata
 from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.model.stages import PipelineStage
+
+Hidden = tuple[torch.Tensor, torch.Tensor]  # a stage's output: (last layer's output, residual stream before it)
 
 
 class RMSNorm(nn.Module):
@@ -134,30 +137,44 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ArchConfig, max_len: int):
+    """The decoder, or with ``stage`` one pipeline stage of it (engine/model/stages.py): its layers only, the
+    embedding on the first stage, the final norm and LM head on the last."""
+
+    def __init__(self, cfg: ArchConfig, max_len: int, stage: PipelineStage | None = None):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.stage = stage or PipelineStage.whole(cfg.num_layers)
+        if self.stage.first:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in self.stage.layers)
+        if self.stage.last:
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            if cfg.tie_word_embeddings and self.stage.first:
+                self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg, max_len)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids, positions, attn_backend, kv_caches, meta: AttentionMetadata,
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """Run the flat batch; return fp32 logits of the rows in ``logits_indices``."""
-        x = self.embed_tokens(input_ids)
-        x, residual = self.run_layers(x, self.rotary(positions, x.dtype), attn_backend, kv_caches, meta)
+                logits_indices: torch.Tensor, hidden: Hidden | None = None) -> torch.Tensor:
+        """Run the flat batch (the last stage: from the previous stage's ``hidden``); return fp32 logits of the
+        rows in ``logits_indices``."""
+        x, residual = self.hidden_states(input_ids, positions, attn_backend, kv_caches, meta, hidden)
         if logits_indices.numel() == 0:  # a partial prefill chunk samples nothing
             return x.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
         x, _ = self.norm(x[logits_indices], residual[logits_indices])
         return self.lm_head(x).float()
 
-    def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata):
-        """The decoder layers over the embeddings ``x``: (the last layer's output, the residual stream before it)."""
-        residual = None
+    def hidden_states(self, input_ids, positions, attn_backend, kv_caches, meta: AttentionMetadata,
+                      hidden: Hidden | None = None) -> Hidden:
+        """This stage's layers over the embedded ``input_ids`` (first stage) or the previous stage's ``hidden``:
+        (the last layer's output, the residual stream before it), what the next stage takes."""
+        x, residual = (self.embed_tokens(input_ids), None) if hidden is None else hidden
+        return self.run_layers(x, self.rotary(positions, x.dtype), attn_backend, kv_caches, meta, residual)
+
+    def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata,
+                   residual: torch.Tensor | None = None) -> Hidden:
+        """The decoder layers over ``x`` (and the ``residual`` stream, from a previous stage): (the last layer's
+        output, the residual stream before it)."""
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos_sin, attn_backend, kv_cache, meta)
         return x, residual

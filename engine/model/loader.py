@@ -13,6 +13,7 @@ from stallfree.engine.model.fused_layers import fuse_layers
 from stallfree.engine.model.llama import LlamaForCausalLM
 from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears, tune_pieces
+from stallfree.engine.model.stages import PipelineStage
 from stallfree.engine.model.tensor_parallel import TensorParallel, reduce_row_parallel, split_vocab
 from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
@@ -33,23 +34,28 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def read_checkpoint(files: list[Path], tp: TensorParallel | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of ``files``, or with ``tp`` this rank's slice of each (only the slice is read)."""
+def read_checkpoint(files: list[Path], tp: TensorParallel | None = None, stage: PipelineStage | None = None,
+                    tied: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files``; with ``tp`` this rank's slice of each, with ``stage`` only the tensors it holds
+    (``tied``: the last stage's LM head is the embedding). Only those are read."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            tensors.update(load_file(str(f)) if tp is None else read_shard(f, tp))
+            tensors.update(load_file(str(f)) if tp is None and stage is None else read_shard(f, tp, stage, tied))
         except Exception as exc:  # SafetensorError, OSError, ...: none of them names the file
             raise ValueError(f"{f}: not a readable safetensors file ({exc})") from None
     return tensors
 
 
-def read_shard(file: Path, tp: TensorParallel) -> dict[str, torch.Tensor]:
+def read_shard(file: Path, tp: TensorParallel | None, stage: PipelineStage | None = None,
+               tied: bool = False) -> dict[str, torch.Tensor]:
     with safe_open(str(file), framework="pt") as handle:
         tensors = {}
         for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+            if stage is not None and stage.local_name(name.removeprefix("model."), tied) is None:
+                continue  # another stage's weight
             part = handle.get_slice(name)
-            index = tp.slice_of(name, part.get_shape())
+            index = None if tp is None else tp.slice_of(name, part.get_shape())
             tensors[name] = part[:] if index is None else part[index]
         return tensors
 
@@ -83,18 +89,23 @@ def check_shapes(state: dict[str, torch.Tensor], model: LlamaForCausalLM) -> str
 
 
 def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, device: torch.device,
-               tp: TensorParallel | None = None) -> LlamaForCausalLM:
-    """The checkpoint at ``path`` as a model, or with ``tp`` this rank's tensor-parallel shard of it."""
+               tp: TensorParallel | None = None, stage: PipelineStage | None = None) -> LlamaForCausalLM:
+    """The checkpoint at ``path`` as a model; with ``tp`` this rank's tensor-parallel shard of it, with
+    ``stage`` one pipeline stage of it (its layers, renumbered from 0)."""
     if tp is not None:
         cfg = tp.shard_arch(cfg)
+    tied = cfg.tie_word_embeddings
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_len)
+        model = LlamaForCausalLM(cfg, max_len, stage)
     files = weight_files(path)
     weights = str(files[0]) if len(files) == 1 else f"{path}/*.safetensors"
-    state = to_engine_names(read_checkpoint(files, tp), source=weights)
-    if cfg.tie_word_embeddings:
+    state = to_engine_names(read_checkpoint(files, tp, stage, tied), source=weights)
+    if tied:
         state.pop("lm_head.weight", None)
-    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
+    state = {local: tensor for name, tensor in state.items()
+             if (local := model.stage.local_name(name, tied)) is not None}
+    tied_here = tied and model.stage.first and model.stage.last  # the LM head is the embedding itself
+    expected = {k for k in model.state_dict() if not (tied_here and k == "lm_head.weight")}
     missing, unexpected = expected - state.keys(), state.keys() - expected
     if missing or unexpected:
         raise ValueError(f"{weights}: checkpoint does not match {cfg.architecture}: "
@@ -102,7 +113,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, de
     if (mismatch := check_shapes(state, model)) is not None:
         raise ValueError(f"{weights}: weights do not match {path / 'config.json'}: {mismatch}")
     model.load_state_dict(state, assign=True, strict=False)
-    if cfg.tie_word_embeddings:
+    if tied_here:
         model.lm_head.weight = model.embed_tokens.weight
     # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
     model.rotary = type(model.rotary)(cfg, max_len)
@@ -113,7 +124,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, de
         # AMX where the shape tiles: in the model, faster than oneDNN at decode steps and as fast at prefill
         # chunks (engine/model/amx_linear.py)
         fuse_silu_and_mul(model, device, dtype)
-        lm_head = model.lm_head  # its logits come out in fp32, as the model returns them
+        lm_head = model.lm_head if model.stage.last else None  # its logits come out in fp32, as the model returns them
         pack_linears(model, lambda linear: AmxLinear(linear, float_output=linear is lm_head)
                      if can_use_amx_linear(device, dtype, linear) else PackedLinear(linear))
         tune_pieces([m for m in model.layers.modules() if isinstance(m, PackedLinear)], dtype)

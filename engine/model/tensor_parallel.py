@@ -117,6 +117,8 @@ class GatherLogits(nn.Module):
 
 def split_vocab(model: LlamaForCausalLM, tp: TensorParallel) -> None:
     """Make ``model``'s embedding and LM head (loaded with this rank's vocabulary rows) vocab-parallel, in place."""
-    rows = model.embed_tokens.num_embeddings
-    model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, tp.rank * rows, tp.group)
-    model.lm_head = GatherLogits(model.lm_head, tp.size, tp.group)
+    rows = model.cfg.vocab_size  # this rank's
+    if model.stage.first:  # a pipeline's later stages have no embedding, its earlier ones no LM head
+        model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, tp.rank * rows, tp.group)
+    if model.stage.last:
+        model.lm_head = GatherLogits(model.lm_head, tp.size, tp.group)

@@ -15,6 +15,7 @@ from stallfree.engine.fitting.cost_model import CostModel
 from stallfree.engine.hydra_groups import require
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.loader import load_model
+from stallfree.engine.model.stages import PipelineStage
 from stallfree.engine.model.tensor_parallel import TensorParallel
 from stallfree.engine.registry import Registry
 from stallfree.engine.runner.base import Runner
@@ -40,6 +41,7 @@ class RunnerSetup:
     eos_token_ids: set[int]
     cost_model: CostModel | None  # the simulated runner's, resolved before the engine is built
     tensor_parallel: TensorParallel | None = None  # this rank's shard (engine/distributed/); None: the whole model
+    pipeline_stage: PipelineStage | None = None  # this rank's layers (engine/distributed/); None: all of them
 
 
 RUNNERS: Registry[Callable[[RunnerSetup], tuple[Runner, Clock]]] = Registry("model.runner")
@@ -67,18 +69,20 @@ def model_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
         probe = CudaMemoryProbe(s.device)
         memory = probe, Baseline.take(probe)  # before the weights load
     tp = s.tensor_parallel
-    model = load_model(s.path, arch, s.max_model_len, s.dtype, s.device, tp)
+    model = load_model(s.path, arch, s.max_model_len, s.dtype, s.device, tp, s.pipeline_stage)
     heads = model.cfg  # the shard's heads under tensor parallelism
     attn = make_attention_backend(mc.attention_backend, s.device, s.dtype, num_heads=heads.num_heads,
                                   num_kv_heads=heads.num_kv_heads, head_dim=arch.head_dim, scale=arch.head_dim ** -0.5)
-    # Sharded: no CUDA graphs (NCCL all-reduces in a graph have not been tried here), and each rank keeps the
-    # threads it was given (adaptive threads would count the other ranks as load).
+    # Sharded or staged: no CUDA graphs (NCCL all-reduces in a graph, or a graph fed a previous stage's hidden
+    # states, have not been tried here), and each rank keeps the threads it was given (adaptive threads would
+    # count the other ranks as load).
+    whole = tp is None and s.pipeline_stage is None
     runner = ModelRunner(model, attn, s.num_blocks, s.config.cache.block_size, s.dtype, s.device, mc.seed,
-                         cuda_graphs=mc.cuda_graphs and tp is None, max_num_seqs=s.config.scheduler.max_num_seqs,
+                         cuda_graphs=mc.cuda_graphs and whole, max_num_seqs=s.config.scheduler.max_num_seqs,
                          max_model_len=s.max_model_len, max_num_batched_tokens=max_tokens_per_iteration(s.config),
                          gpu_memory_utilization=s.config.cache.gpu_memory_utilization, memory=memory,
                          op_split_every=mc.op_split_every,
-                         cpu_threads=CpuThreads() if s.device.type == "cpu" and mc.adaptive_cpu_threads and tp is None
+                         cpu_threads=CpuThreads() if s.device.type == "cpu" and mc.adaptive_cpu_threads and whole
                          else None)
     return runner, WallClock()
 

@@ -5,7 +5,7 @@ the decode CUDA graphs' memory pool.
 
 ``kv_cache_bytes`` is the rule, a pure function of the measured figures (tested on CPU with made-up
 ones); ``CudaMemoryProbe`` reads the figures from torch.cuda; ``measure`` runs the measurement around the
-model runner's warm-up passes. The CPU path does not come here: it keeps ``cache.kv_memory_gib``.
+model runner's warm-up passes. The CPU path keeps ``cache.kv_memory_gib`` per rank (``blocks_for_budget``).
 """
 from __future__ import annotations
 

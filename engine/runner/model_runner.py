@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from stallfree.engine.model.llama import LlamaForCausalLM
+from stallfree.engine.model.llama import Hidden, LlamaForCausalLM
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import HostBatch, prepare_host_batch, to_device
 from stallfree.engine.runner.cpu_threads import CpuThreads
@@ -80,8 +80,9 @@ class ModelRunner:
             self.decode_graphs.capture_all()
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one iteration; the sampled token of each unit that completes its request's tokens."""
+    def execute_model(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> ModelRunnerOutput:
+        """Run one iteration; the sampled token of each unit that completes its request's tokens. The last stage
+        of a pipeline runs it on the previous stage's ``hidden`` states."""
         for request_id in scheduler_output.finished_request_ids:
             self.generators.pop(request_id, None)
         units = scheduler_output.units  # decodes first
@@ -92,12 +93,13 @@ class ModelRunner:
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
         decode_only = host.num_decodes == len(units) and rows is None
         split = None
-        if decode_only and self.decode_graphs and self.decode_graphs.fits(len(units), host.block_tables.shape[1]):
+        if decode_only and hidden is None and self.decode_graphs and \
+                self.decode_graphs.fits(len(units), host.block_tables.shape[1]):
             logits = self.decode_graphs.run(input_ids, positions, meta)  # a graph replay is never split
         else:
             split = self.split_sampler.next(self.attn_backend)
             backend = self.attn_backend if split is None else split.backend
-            logits = self.model(input_ids, positions, backend, self.kv_caches, meta, logits_indices)
+            logits = self.model(input_ids, positions, backend, self.kv_caches, meta, logits_indices, hidden)
         sampling = [u for u in units if u.samples]
         sample_logits = logits if rows is None else logits[:num_sampling]
         tokens = sample(sample_logits, [u.sampling_params for u in sampling],
@@ -109,13 +111,18 @@ class ModelRunner:
         return output
 
     @torch.inference_mode()
-    def execute_forward(self, scheduler_output: SchedulerOutput) -> None:
-        """A tensor-parallel worker's part of an iteration: the forward pass through its shard, which joins the
-        driver's collectives (the vocab-parallel LM head's too); no sampling (the driver samples,
-        engine/distributed/)."""
+    def execute_forward(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> Hidden | None:
+        """An iteration through this rank's layers with no sampling (another rank samples, engine/distributed/):
+        a tensor-parallel worker's part, which joins the driver's collectives, or a pipeline stage's, from the
+        previous stage's ``hidden`` states (none on the first stage). A rank of an earlier stage returns the
+        hidden states the next stage takes; one of the last stage also runs the LM head (joining the
+        vocab-parallel LM head's collectives) and returns None."""
         host, _, _ = self._host_batch(scheduler_output.units)
         input_ids, positions, meta, logits_indices = to_device(host, self.device)
-        self.model(input_ids, positions, self.attn_backend, self.kv_caches, meta, logits_indices)
+        if not self.model.stage.last:
+            return self.model.hidden_states(input_ids, positions, self.attn_backend, self.kv_caches, meta, hidden)
+        self.model(input_ids, positions, self.attn_backend, self.kv_caches, meta, logits_indices, hidden)
+        return None
 
     def _host_batch(self, units: list[ScheduledUnit]) -> tuple[HostBatch, PromptRows | None, int]:
         """The flat batch on the host, the prompt rows whose logprobs are asked for, and how many rows sample
@@ -154,11 +161,11 @@ class ModelRunner:
     def _new_kv_caches(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size)
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.model.cfg.num_layers)]
+                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in self.model.layers]
 
     def bytes_per_block(self) -> int:
         per_layer = math.prod(self.attn_backend.kv_cache_shape(1, self.block_size))
-        return 2 * self.model.cfg.num_layers * per_layer * torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.model.layers) * per_layer * torch.empty((), dtype=self.dtype).element_size()
 
     def _blocks_from_memory(self, probe: MemoryProbe, baseline: Baseline, max_num_batched_tokens: int,
                             largest_bucket: int, utilization: float) -> int:

@@ -20,6 +20,10 @@ class ModelRunnerOutput:
     cpu_threads: int = 0
     # The iteration's seconds in linear layers and in attention, when the runner timed it (``op_split_every``).
     operator_split: OperatorSplit | None = None
+    # A pipeline's stages (one entry each): each stage's busy seconds on this micro-batch and its idle seconds
+    # (bubble) right before it; empty for a runner with no stages.
+    stage_busy_s: list[float] = field(default_factory=list)
+    stage_idle_s: list[float] = field(default_factory=list)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add the results of a run over other units of the same iteration (engine/runner/isolation.py)."""

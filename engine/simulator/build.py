@@ -1,6 +1,6 @@
 """From an engine config with a ``model.deployment`` block to what LLMEngine needs: the architecture the
 engine checks requests against (from the model shape: no checkpoint, no tokenizer), the KV blocks of the
-memory plan, and the runner."""
+memory plan, and the runner with the virtual clock it advances."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.engine.model.arch import ArchConfig
+from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.simulator.deployment import Deployment
 from stallfree.engine.simulator.deployment_runner import DeploymentRunner
 from stallfree.engine.simulator.memory_plan import MemoryPlan, plan_memory
@@ -21,6 +22,7 @@ class Simulation:
     arch: ArchConfig
     memory: MemoryPlan
     runner: DeploymentRunner
+    clock: VirtualClock
 
 
 def arch_from_shape(shape, max_model_len: int) -> ArchConfig:
@@ -41,4 +43,6 @@ def build_simulation(config: EngineConfig) -> Simulation:
     resolved = deployment.resolve()
     arch = arch_from_shape(resolved.shape, mc.max_model_len or DEFAULT_MAX_MODEL_LEN)
     memory = plan_memory(deployment, resolved.shape, resolved.gpu, config.cache.block_size)
-    return Simulation(deployment, arch, memory, DeploymentRunner(deployment, resolved, mc.seed, mc.op_split_every))
+    clock = VirtualClock()
+    runner = DeploymentRunner(deployment, resolved, mc.seed, clock, mc.op_split_every)
+    return Simulation(deployment, arch, memory, runner, clock)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from stallfree.engine.hydra_groups import ConfigError, is_int, is_number, require
+from stallfree.engine.model.stages import stage_layer_counts
 
 KEY = "model.deployment"
 
@@ -68,8 +69,7 @@ class Deployment:
         """Layers per pipeline stage: as even as possible, the earlier stages taking the remainder."""
         if num_layers < self.pp:
             raise ConfigError(f"{KEY}.pp must be at most the model's {num_layers} layers, got {self.pp}")
-        base, extra = divmod(num_layers, self.pp)
-        return tuple(base + (stage < extra) for stage in range(self.pp))
+        return stage_layer_counts(num_layers, self.pp)
 
     def resolve(self) -> Resolved:
         """The shape, GPU and operator cost model these names stand for (ConfigError naming an unknown one)."""

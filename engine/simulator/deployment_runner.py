@@ -1,41 +1,27 @@
-"""DeploymentRunner: a deployment's iterations as micro-batches through its pipeline stages, timed by the
-operator cost model, on the engine's virtual clock.
+"""DeploymentRunner: a GPU deployment's iterations as micro-batches through its pipeline stages, timed by the
+operator cost model, on the engine's virtual clock (engine/simulator/simulated_pipeline.py).
 
-The engine submits each scheduled iteration (a micro-batch) and gets its timing at once: stage i runs
-``stage_layers[i]`` layers (the first also the embedding and the iteration's CPU overhead, the last the
-final norm, LM head and sampling), and activations cross each stage boundary in ``pp_send_seconds``. Its
-requests stay in flight, and their tokens are handed back, when it leaves the last stage. At most PP
-micro-batches are in flight, as with vLLM's PP virtual engines and sarathi-serve's pipeline.
+Stage i runs ``stage_layers[i]`` layers (the first also the embedding and the iteration's CPU overhead, the
+last the final norm, LM head and sampling), and activations cross each stage boundary in ``pp_send_seconds``.
 """
 from __future__ import annotations
 
 import random
-from collections import deque
-from dataclasses import dataclass
 
+from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.simulator.deployment import Deployment, Resolved
-from stallfree.engine.simulator.pipeline import MicroBatchTiming, Pipeline
+from stallfree.engine.simulator.simulated_pipeline import SimulatedPipeline
 from stallfree.engine.utilization import MachineLimits, OperatorSplit
 
 
-@dataclass(frozen=True)
-class MicroBatch:
-    output: SchedulerOutput
-    sampled: dict[str, int]
-    timing: MicroBatchTiming
-
-
-class DeploymentRunner:
-    reads_block_tables = False  # the scheduler need not copy them into its snapshots
-    computes_logits = False
-
-    def __init__(self, deployment: Deployment, resolved: Resolved, seed: int, op_split_every: int = 0):
+class DeploymentRunner(SimulatedPipeline):
+    def __init__(self, deployment: Deployment, resolved: Resolved, seed: int, clock: VirtualClock,
+                 op_split_every: int = 0):
+        super().__init__(deployment.pp, deployment.max_in_flight or deployment.pp, clock, op_split_every)
         self.deployment, self.cost_model, self.stage_batch_of = deployment, resolved.cost_model, resolved.stage_batch_of
         self.stage_layers = deployment.stage_layers(resolved.shape.num_layers)
         self.vocab_size = resolved.shape.vocab_size
-        self.pipeline = Pipeline(deployment.pp)
-        self.in_flight: deque[MicroBatch] = deque()
         self.rng = random.Random(seed)
         # MFU / MBU against the GPUs of one stage (TP of them): a micro-batch's stages run one after another,
         # so its model FLOPs over its time and one stage's peak is the utilisation of the GPUs while they work.
@@ -43,11 +29,8 @@ class DeploymentRunner:
         self.machine_limits = MachineLimits(f"{gpu.name} x{deployment.tp} (TP{deployment.tp}-PP{deployment.pp})",
                                             "bfloat16", gpu.peak_tflops_bf16 * 1e12 * deployment.tp,
                                             gpu.mem_bandwidth_gbps * 1e9 * deployment.tp, "published")
-        self.op_split_every, self.iterations = op_split_every, 0
-        self.last_operator_split: OperatorSplit | None = None  # of the micro-batch last submitted, when sampled
 
     def stage_seconds(self, output: SchedulerOutput) -> tuple[list[float], float]:
-        """Each stage's busy time for this micro-batch, and the send time between stages."""
         batch, model, last = self.stage_batch_of(output), self.cost_model, len(self.stage_layers) - 1
         by_kind: dict[tuple[int, bool, bool], float] = {}  # middle stages of equal depth cost the same
         seconds = []
@@ -60,16 +43,9 @@ class DeploymentRunner:
         send = model.pp_send_seconds(batch.num_tokens) if last else 0.0
         return seconds, send
 
-    def submit(self, output: SchedulerOutput, now: float) -> MicroBatchTiming:
-        stage_s, send_s = self.stage_seconds(output)
-        self.iterations += 1
-        self.last_operator_split = self.operator_split(output) if self.op_split_every and \
-            self.iterations % self.op_split_every == 0 else None
-        timing = self.pipeline.submit(now, stage_s, send_s)
+    def sample(self, output: SchedulerOutput) -> dict[str, int]:
         # One random token for the whole micro-batch: ids never matter to a simulation (a shape has no EOS).
-        sampled = dict.fromkeys((u.request_id for u in output.units if u.samples), self.rng.randrange(self.vocab_size))
-        self.in_flight.append(MicroBatch(output, sampled, timing))
-        return timing
+        return dict.fromkeys((u.request_id for u in output.units if u.samples), self.rng.randrange(self.vocab_size))
 
     def operator_split(self, output: SchedulerOutput) -> OperatorSplit:
         """The micro-batch's seconds in linear layers and attention over all its stages, from the cost model."""
@@ -77,25 +53,3 @@ class DeploymentRunner:
         parts = [self.cost_model.split_seconds(batch, layers, last=stage == last)
                  for stage, layers in enumerate(self.stage_layers)]
         return OperatorSplit(sum(p[0] for p in parts), sum(p[1] for p in parts))
-
-    @property
-    def full(self) -> bool:
-        return len(self.in_flight) >= (self.deployment.max_in_flight or self.deployment.pp)
-
-    def next_start_s(self) -> float:
-        """When stage 0 can take the next micro-batch."""
-        return self.pipeline.stage_free_s[0]
-
-    def next_end_s(self) -> float | None:
-        """When the oldest micro-batch in flight leaves the last stage (None: nothing in flight)."""
-        return self.in_flight[0].timing.end_s if self.in_flight else None
-
-    def pop_finished(self, now: float) -> list[MicroBatch]:
-        """The micro-batches that left the last stage by ``now``, oldest first."""
-        done = []
-        while self.in_flight and self.in_flight[0].timing.end_s <= now:
-            done.append(self.in_flight.popleft())
-        return done
-
-    def idle_until(self, t: float) -> None:
-        self.pipeline.idle_until(t)

@@ -39,7 +39,7 @@ def make_meter(runner_kind: str, runner, arch, device, dtype) -> UtilizationMete
     """The real runner is measured against this machine's limits (cached per machine); another runner (a
     simulated deployment) may name its hardware's published ones as ``runner.machine_limits``. Limits
     measured on a busy machine are low, and a utilisation against them could pass 1: none is reported."""
-    limits = machine_limits(device, dtype) if runner_kind == "model" else getattr(runner, "machine_limits", None)
+    limits = machine_limits(device, dtype) if runner_kind == "model" else runner.machine_limits
     if limits is not None and limits.busy:
         log.warning("MFU and MBU not reported: the machine limits (%s) were %s; measure them again on a quiet "
                     "machine: python -m stallfree.engine.utilization.measured_limits --refresh", limits.device,

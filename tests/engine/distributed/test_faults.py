@@ -22,7 +22,7 @@ DRIVER_SCRIPT = """
 import psutil
 from stallfree.engine import LLM, SamplingParams
 if __name__ == "__main__":
-    llm = LLM("tiny", dtype="float32", device="cpu", tensor_parallel_size=2)
+    llm = LLM("tiny", dtype="float32", device="cpu", {parallel}=2)
     print(*[w.process.pid for w in llm.engine.runner.workers.workers], flush=True)
     while True:
         llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True))
@@ -82,9 +82,10 @@ def test_shutdown_stops_every_worker(no_orphans):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigkill"])
-def test_stopped_driver_leaves_no_worker(stop):
+@pytest.mark.parametrize("parallel", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_stopped_driver_leaves_no_worker(stop, parallel):
     """Ctrl-C reaches the terminal's whole process group; SIGKILL only the driver: no worker outlives it."""
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER_SCRIPT.format(parallel=parallel)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()

@@ -83,12 +83,12 @@ def run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]]
 
 def run_with(engine: LLMEngine, runner, requests) -> dict:
     """``run`` with ``runner`` in place of the engine's own (None: its own)."""
-    real = engine.runner
-    engine.runner = runner or real
+    real = engine.batches.runner
+    engine.batches.runner = runner or real
     try:
         return run(engine, requests)
     finally:
-        engine.runner = real
+        engine.batches.runner = real
 
 
 @pytest.fixture(scope="module")
@@ -188,11 +188,11 @@ def test_the_inprocess_load_generator_records_the_failed_request_alone(engine):
     from stallfree.loadgen.workload.request_specs import build_workload
 
     specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 16, "output": 8}, 4, 0, 1000)
-    real = engine.runner
-    engine.runner = PoisonedRunner(real, request_ids={specs[1].request_id})
+    real = engine.batches.runner
+    engine.batches.runner = PoisonedRunner(real, request_ids={specs[1].request_id})
     try:
         records = replay(engine, specs).records
     finally:
-        engine.runner = real
+        engine.batches.runner = real
     assert [(r.status, r.output_tokens) for r in records] == [("ok", 8), ("error", 0), ("ok", 8), ("ok", 8)]
     assert "failed in the engine: Poisoned: poisoned request" in records[1].error

@@ -1,5 +1,6 @@
-"""``stallfree-serve ... parallel.tensor_parallel_size=2``: completions and streams on two processes, and a
-worker killed mid-stream: the stream ends with an error naming it, the server exits 1, no process remains."""
+"""``stallfree-serve ... parallel.tensor_parallel_size=2`` (and ``parallel.pipeline_parallel_size=2``): completions and
+streams on two processes, and a worker killed mid-stream: the stream ends with an error naming it, the server
+exits 1, no process remains."""
 import os
 import signal
 import subprocess
@@ -16,10 +17,11 @@ BODY = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 16, "temperature"
 
 
 @pytest.mark.slow
-def test_tp2_server_answers_then_exits_1_when_a_worker_dies():
+@pytest.mark.parametrize("parallel", ["parallel.tensor_parallel_size=2", "parallel.pipeline_parallel_size=2"])
+def test_parallel_server_answers_then_exits_1_when_a_worker_dies(parallel):
     exe = Path(sys.executable).with_name("stallfree-serve")
     proc = subprocess.Popen([str(exe), "tiny", "port=0", "model.dtype=float32", "model.device=cpu",
-                             "cache.kv_memory_gib=0.01", "parallel.tensor_parallel_size=2"], stdout=subprocess.PIPE,
+                             "cache.kv_memory_gib=0.01", parallel], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:
         line = proc.stdout.readline()

@@ -3,6 +3,7 @@ import pytest
 
 from stallfree.engine.hydra_groups import ConfigError, compose
 from stallfree.engine.request import SamplingParams
+from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.simulator.deployment import Deployment
 from stallfree.engine.simulator.deployment_runner import DeploymentRunner
@@ -52,18 +53,25 @@ def output(prefill: int, decodes: int) -> SchedulerOutput:
 def test_stage_times_compose_layers_embedding_head_overhead_and_send():
     """8 layers over 2 stages: each stage its 4 layers; the first also the embedding and the iteration's CPU
     overhead, the last the LM head; the send crosses the stage boundary."""
-    runner = DeploymentRunner(Deployment("g", "s", tp=2, pp=2), fake_resolved(FakeShape(num_layers=8)), seed=0)
+    clock = VirtualClock()
+    runner = DeploymentRunner(Deployment("g", "s", tp=2, pp=2), fake_resolved(FakeShape(num_layers=8)), seed=0,
+                              clock=clock)
     tokens = 100 + 3
     layer = fake.LAYER_FIXED_S + fake.LAYER_PER_TOKEN_S * tokens
     stages, send = runner.stage_seconds(output(prefill=100, decodes=3))
     assert stages == pytest.approx([4 * layer + fake.EMBEDDING_S + fake.CPU_OVERHEAD_S, 4 * layer + fake.LM_HEAD_S])
     assert send == pytest.approx(fake.SEND_PER_TOKEN_S * tokens)
-    timing = runner.submit(output(prefill=100, decodes=3), now=1.0)
-    assert timing.end_s == pytest.approx(1.0 + sum(stages) + send)
+    runner.submit(output(prefill=100, decodes=3), now=1.0)
+    assert clock() == pytest.approx(1.0 + stages[0])  # stage 0 takes the next micro-batch then
+    assert runner.pop_finished(clock()) == [] and runner.wait()
+    [finished] = runner.pop_finished(clock())
+    assert finished.end_s == clock() == pytest.approx(1.0 + sum(stages) + send)
+    assert finished.result.stage_busy_s == pytest.approx(stages) and not runner.wait()
 
 
 def test_one_stage_is_the_whole_model_and_sends_nothing():
-    runner = DeploymentRunner(Deployment("g", "s"), fake_resolved(FakeShape(num_layers=8)), seed=0)
+    runner = DeploymentRunner(Deployment("g", "s"), fake_resolved(FakeShape(num_layers=8)), seed=0,
+                              clock=VirtualClock())
     stages, send = runner.stage_seconds(output(prefill=10, decodes=0))
     layer = fake.LAYER_FIXED_S + fake.LAYER_PER_TOKEN_S * 10
     assert stages == pytest.approx([8 * layer + fake.EMBEDDING_S + fake.LM_HEAD_S + fake.CPU_OVERHEAD_S])
@@ -72,6 +80,6 @@ def test_one_stage_is_the_whole_model_and_sends_nothing():
 
 def test_middle_stages_of_equal_depth_are_costed_once():
     resolved = fake_resolved(FakeShape(num_layers=16))
-    runner = DeploymentRunner(Deployment("g", "s", pp=4), resolved, seed=0)
+    runner = DeploymentRunner(Deployment("g", "s", pp=4), resolved, seed=0, clock=VirtualClock())
     runner.stage_seconds(output(prefill=10, decodes=0))
     assert resolved.cost_model.stage_calls == [(10, 4, True, False), (10, 4, False, False), (10, 4, False, True)]

@@ -3,7 +3,10 @@ tokens and metrics, and every BatchRecord's scheduling and timing fields (a spee
 real schedulers and KV accounting decide, nor the times the cost models give). The digests were taken before
 the simulator was made faster (3dc012e) and held after it; pp2-orca's was taken again when messages past the
 largest profiled all-reduce began to take its bandwidth (engine/simulator/ops/comm.py): orca's whole-prompt
-batches send such messages. Floats are digested to 10 significant digits (``rounded``), so that the pins hold on
+batches send such messages. The deployments' digests were taken again when the simulated pipeline went through
+the engine's one step path (engine/runner/base.py): the same tokens, metrics and batch timings, but a micro-batch
+is recorded when it leaves the last stage, so its KV blocks, waiting and running counts are those after its result
+is applied, and a step returns once a micro-batch has finished. Floats are digested to 10 significant digits (``rounded``), so that the pins hold on
 CPUs whose vectorised math differs in the last bits."""
 import dataclasses
 import hashlib
@@ -26,12 +29,12 @@ CASES = {  # model preset, scheduler, chunk size, workload, QPS, KV blocks (None
     "fitted-cost-model": ("mistral7b_sim", "chunked_prefill", 256, "arxiv", 4.0, None),
 }
 DIGESTS = {
-    "a100-hybrid-preempting": {"engine": "5c1c0b6beac454b0", "replay": "35b53ad67cd1428b"},
-    "a100-sarathi": {"engine": "4c5c783d580f75a3", "replay": "19fdf7af15b312d8"},
-    "a100-vllm-preempting": {"engine": "484116c48628120f", "replay": "5355e81d4614b6a4"},
+    "a100-hybrid-preempting": {"engine": "a03b9f3f507bc40b", "replay": "dab13a58402bf5a2"},
+    "a100-sarathi": {"engine": "41686ca9db92594c", "replay": "04cf8739a30032ff"},
+    "a100-vllm-preempting": {"engine": "7e1fe5c7610fdfd7", "replay": "98877baaae6623ec"},
     "fitted-cost-model": {"engine": "f5451fef8991f7df", "replay": "ebe9d7e61167cc23"},
-    "pp2-orca": {"engine": "56ac3278c9750056", "replay": "b2db12d4839ff046"},
-    "pp2-sarathi-preempting": {"engine": "1e4141f4e6aefaff", "replay": "eb11f7e036177227"},
+    "pp2-orca": {"engine": "f9c0310f9c045ba9", "replay": "a7f6b10102b3d06e"},
+    "pp2-sarathi-preempting": {"engine": "4a3b3f5ce1b73e28", "replay": "9d2609464835c5d1"},
 }
 
 

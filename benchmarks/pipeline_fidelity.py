@@ -1,0 +1,138 @@
+"""Pipeline fidelity: a real PP2 deployment of ``small`` on this machine (one process a stage, gloo, one core
+each) under the same Poisson loads for ``sarathi`` and ``vllm``, and the simulator of that deployment against it.
+
+1. Profile: the real PP2 engine runs random requests under both policies, prompts up to ``max_model_len``
+   (whole-prompt prefills of every size ``vllm`` schedules, not only the speed check's), and a cost model per
+   stage is fitted on the stages' busy seconds of its BatchRecords (engine/simulator/fitted_pipeline.py).
+2. Real runs: Poisson arrivals of arXiv-summarization lengths (scaled as in the demo) at each ``--qps``, per
+   policy: the pipeline bubble fraction (the stages' idle share while the engine had work) and P99 TBT.
+3. Simulated runs: the same config with ``runner=simulated clock=virtual`` and the stage cost models, on the
+   same workloads (median of ``--sim-seeds`` seeds); the error of each against the real run.
+
+The machine is shared while it runs: figures are indicative (the JSON says so); rerun on a quiet machine.
+
+    python -m benchmarks.pipeline_fidelity [--quick] [--model small] [--qps 0.5,1,1.5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.device import cpu_description
+from stallfree.engine.fitting.profile import feed_requests, random_requests
+from stallfree.engine.simulator.fitted_pipeline import StageCostModels
+from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
+from stallfree.loadgen.results.run_dir import requests_frame
+from stallfree.loadgen.targets.inprocess import replay
+from stallfree.loadgen.workload.request_specs import build_workload
+
+POLICIES = (("sarathi", 128), ("vllm", 512))
+ARXIV_SCALED = {"kind": "trace", "name": "arxiv_summarization", "scale": 8, "shuffle": True}
+WARMUP_ITERATIONS = 2
+PP = 2
+TOLERANCE_PCT = 15.0  # the issue's target: simulated within 15% of real
+
+
+def metrics(engine: LLMEngine, specs: list) -> dict:
+    result = replay(engine, specs, warmup=2)
+    summary = summarize(requests_frame(result.records))
+    bubbles = pipeline_summary(result.batches)
+    return {"p99_tbt_ms": summary["p99_tbt_ms"], "bubble_fraction": bubbles["pipeline_bubble_fraction"],
+            "output_throughput": summary["output_throughput"], "completed": summary["completed"]}
+
+
+def profile(engine: LLMEngine, num_requests: int, max_output: int, seed: int) -> list:
+    """The real pipeline's records over both policies: random prompts up to half the context, half at once and
+    half staggered, and prompts as long as the context holds."""
+    rng, records = random.Random(seed), []
+    longest = engine.max_model_len - max_output
+    for policy, chunk_size in POLICIES:
+        engine.reconfigure_scheduler(policy=policy, chunk_size=chunk_size)
+        engine.batch_records.clear()
+        requests = random_requests(rng, num_requests, engine, max_prompt=engine.max_model_len, max_output=max_output)
+        requests += [([rng.randrange(3, engine.vocab_size) for _ in range(length)],
+                      SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+                     for length in (longest, (longest * 3) // 4)]
+        feed_requests(engine, requests[: num_requests // 2], 0)
+        feed_requests(engine, requests[num_requests // 2:], 8)
+        records += engine.batch_records[WARMUP_ITERATIONS:]
+    return records
+
+
+def error_pct(simulated: float | None, real: float | None) -> float | None:
+    return None if not real or simulated is None else (simulated / real - 1) * 100
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--qps", default="0.5,1,1.5", help="Poisson loads, comma-separated (3 points per policy)")
+    ap.add_argument("--num-requests", type=int, default=40)
+    ap.add_argument("--profile-requests", type=int, default=16, help="per policy")
+    ap.add_argument("--sim-seeds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a smoke run of a few minutes: short context, few requests")
+    ap.add_argument("--out", default="benchmarks/results/pipeline_fidelity.json")
+    args = ap.parse_args()
+    if args.quick:
+        args.max_model_len, args.qps, args.num_requests, args.profile_requests, args.sim_seeds = 512, "1,2", 10, 8, 1
+    out = Path(args.out)
+    cost_model_path = out.with_name(f"{out.stem}_stage_cost_models.json")
+    base = {"model": args.model, "max_model_len": args.max_model_len, "pipeline_parallel_size": PP}
+    started = time.time()
+    real_engine = LLMEngine.from_kwargs(**base)
+    try:
+        records = profile(real_engine, args.profile_requests, 32, seed=0)
+        models = StageCostModels.fit(records, fitted_on={"model": args.model, "pipeline_parallel_size": PP,
+                                                         "max_model_len": args.max_model_len,
+                                                         "num_records": len(records), "device": cpu_description()})
+        models.save(cost_model_path)
+        print(f"stage cost models: {len(records)} records -> {cost_model_path}", flush=True)
+        rows = []
+        for policy, chunk_size in POLICIES:
+            for qps in (float(q) for q in args.qps.split(",")):
+                specs = build_workload({"kind": "poisson", "qps": qps}, ARXIV_SCALED, args.num_requests, 0,
+                                       real_engine.vocab_size, args.max_model_len)
+                real_engine.reconfigure_scheduler(policy=policy, chunk_size=chunk_size)
+                real = metrics(real_engine, specs)
+                sims = [metrics(LLMEngine.from_kwargs(**base, runner="simulated", clock="virtual", seed=seed,
+                                                      cost_model=str(cost_model_path), scheduler=policy,
+                                                      chunk_size=chunk_size), specs)
+                        for seed in range(args.sim_seeds)]
+                simulated = {m: statistics.median(s[m] for s in sims) for m in ("p99_tbt_ms", "bubble_fraction")}
+                errors = {m: error_pct(simulated[m], real[m]) for m in simulated}
+                rows.append({"policy": f"{policy}-{chunk_size}", "qps": qps, "real": real, "simulated": simulated,
+                             "simulated_runs": sims, "error_pct": errors})
+                print(f"{policy}-{chunk_size:<4} {qps:>4} qps  bubbles real {real['bubble_fraction']:.3f} sim "
+                      f"{simulated['bubble_fraction']:.3f}  P99 TBT real {real['p99_tbt_ms']:.1f} sim "
+                      f"{simulated['p99_tbt_ms']:.1f} ms", flush=True)
+    finally:
+        real_engine.shutdown()
+    by_policy = {p: [r for r in rows if r["policy"].startswith(p)] for p, _ in POLICIES}
+    mean_bubbles = {p: statistics.mean(r["real"]["bubble_fraction"] for r in rs) for p, rs in by_policy.items()}
+    within = {m: sum(e is not None and abs(e) <= TOLERANCE_PCT for r in rows if (e := r["error_pct"][m]) is not None)
+              for m in ("bubble_fraction", "p99_tbt_ms")}
+    result = {
+        "command": " ".join(["python -m benchmarks.pipeline_fidelity", *sys.argv[1:]]),
+        "machine": cpu_description(), "indicative": "measured on a machine shared with other jobs: rerun on a "
+        "quiet machine before reading the errors as the simulator's", "quick": args.quick,
+        "model": args.model, "pipeline_parallel_size": PP, "max_model_len": args.max_model_len,
+        "num_requests": args.num_requests, "sim_seeds": args.sim_seeds, "stage_cost_models": str(cost_model_path),
+        "runs": rows, "real_mean_bubble_fraction": mean_bubbles,
+        "sarathi_bubbles_lower_than_vllm": mean_bubbles["sarathi"] < mean_bubbles["vllm"],
+        f"within_{TOLERANCE_PCT:g}pct": {m: f"{n} of {len(rows)}" for m, n in within.items()},
+        "seconds": round(time.time() - started, 1)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"real mean bubble fraction: {mean_bubbles}; within {TOLERANCE_PCT:g}%: {result[f'within_{TOLERANCE_PCT:g}pct']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""A real pipeline deployment simulated: each stage's busy time on a micro-batch from a cost model fitted on
+that stage's busy seconds in a real pipelined run (the ``stage_busy_s`` of its BatchRecords).
+
+``StageCostModels`` is one ``CostModel`` (engine/runner/cost_model.py) per stage, saved as one JSON file; an
+engine with ``model.runner=simulated``, ``model.clock=virtual``, ``pipeline_parallel_size=PP`` and
+``model.cost_model`` naming such a file runs the same schedulers over a ``FittedPipelineRunner`` of PP stages.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
+from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.simulator.simulated_pipeline import SimulatedPipeline
+
+
+@dataclass
+class StageCostModels:
+    stages: list[CostModel]
+    fitted_on: dict = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, records: list[BatchRecord], *, seed: int = 0, fitted_on: dict | None = None) -> StageCostModels:
+        """One cost model per stage, fitted on each record's busy seconds in that stage."""
+        num_stages = {len(r.stage_busy_s) for r in records}
+        if len(num_stages) != 1 or 0 in num_stages:
+            raise ValueError(f"fitting stage cost models needs records of one pipeline, got stage counts {num_stages}")
+        stages = [CostModel.fit([dataclasses.replace(r, start_time=0.0, end_time=r.stage_busy_s[stage])
+                                 for r in records], seed=seed, fitted_on=fitted_on)
+                  for stage in range(num_stages.pop())]
+        return cls(stages, fitted_on or {})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> StageCostModels:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls([CostModel(**stage) for stage in data["stages"]], data.get("fitted_on", {}))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"model.cost_model: cannot read stage cost models from {path}: {exc}") from exc
+
+
+class FittedPipelineRunner(SimulatedPipeline):
+    """Stage i takes what its cost model draws for the micro-batch (its residual spread included); nothing is
+    charged for sends, which a real run counts as the next stage's idle time."""
+
+    def __init__(self, models: StageCostModels, vocab_size: int, eos_token_ids: set[int], seed: int,
+                 clock: VirtualClock):
+        super().__init__(len(models.stages), len(models.stages), clock)
+        self.models, self.rng = models, random.Random(seed)
+        # Sampled ids avoid EOS, so every request runs to its max_tokens, as in engine/runner/simulated.py.
+        self.token_ids = [t for t in range(vocab_size) if t not in eos_token_ids]
+
+    def stage_seconds(self, output: SchedulerOutput) -> tuple[list[float], float]:
+        features = IterationFeatures.of(output)
+        return [model.sample(features, self.rng) for model in self.models.stages], 0.0
+
+    def sample(self, output: SchedulerOutput) -> dict[str, int]:
+        token_ids, randrange = self.token_ids, self.rng.randrange
+        return {u.request_id: token_ids[randrange(len(token_ids))] for u in output.units if u.samples}
