@@ -7,17 +7,16 @@ import logging
 import pickle
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import torch.distributed as dist
 
 from stallfree.engine.distributed.channel import DRIVER, Channel
 from stallfree.engine.distributed.groups import make_groups
 from stallfree.engine.distributed.layout import RankLayout
 from stallfree.engine.distributed.mailbox import Mailbox
+from stallfree.engine.distributed.pipeline_runner import PipelineRunner
 from stallfree.engine.distributed.rank_runner import backend_for, build_rank_runner, rank_device, use_cores
 from stallfree.engine.distributed.rendezvous import SETUP_KEY, Rendezvous, init_process_group, wait_for_ranks
+from stallfree.engine.distributed.stage_worker import stage_link
+from stallfree.engine.distributed.teardown import DEATH_GRACE_S, GroupState, is_collective_failure, stop_ranks
 from stallfree.engine.distributed.validation import check_parallel
 from stallfree.engine.distributed.worker import run_worker
 from stallfree.engine.distributed.workers import LocalWorkers, WorkerDied
@@ -29,20 +28,7 @@ from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.runner.serial import SerialRunner
 from stallfree.engine.scheduler.output import SchedulerOutput
 
-if TYPE_CHECKING:
-    from stallfree.engine.distributed.pipeline_runner import PipelineRunner
-
 log = logging.getLogger(__name__)
-# After a failed collective, how long the worker that broke it has to be seen gone: a killed process closes
-# its sockets before it can be reaped, and a loaded machine takes seconds over that.
-DEATH_GRACE_S = 10.0
-
-
-def is_collective_failure(exc: Exception) -> bool:
-    """A torch.distributed operation failed (gloo raises plain RuntimeErrors that name its sources)."""
-    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo" in str(exc))
-
-
 class DistributedRunner:
     """The Runner the engine steps: the driver's ModelRunner, with every iteration broadcast to the workers."""
 
@@ -53,7 +39,7 @@ class DistributedRunner:
         self.local, self.channel, self.workers = local, channel, workers
         self.num_blocks = num_blocks  # the fewest any rank holds
         self.group = GroupState()
-        self._finalizer = weakref.finalize(self, _stop, workers, channel, self.group)
+        self._finalizer = weakref.finalize(self, stop_ranks, workers, channel, self.group)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         try:
@@ -76,25 +62,6 @@ class DistributedRunner:
     def shutdown(self) -> None:
         """Stop every worker and leave the process group (again: a no-op)."""
         self._finalizer()
-
-
-@dataclass
-class GroupState:
-    # Every rank waits for the next broadcast (no step was cut short): a stop message reaches them all.
-    between_steps: bool = True
-
-
-def _stop(workers: LocalWorkers, channel: Channel | None = None, group: GroupState | None = None) -> None:
-    """Tell the ranks to stop where the group is sound (those of other nodes learn it only so; this node's
-    also leave when their pipes close), then stop this node's workers and leave the group."""
-    if channel is not None and group is not None and group.between_steps and workers.first_death() is None:
-        try:
-            channel.send_batch(None)
-        except Exception as exc:  # a rank gone meanwhile: the pipes and the group's end stop the others
-            log.warning("the stop message did not reach every rank: %s", exc)
-    workers.stop()
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] | None = None
@@ -127,7 +94,7 @@ def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] | None =
     except BaseException as exc:
         broke = isinstance(exc, Exception) and is_collective_failure(exc)
         death = workers.wait_for_death(DEATH_GRACE_S) if broke else workers.first_death()
-        _stop(workers)
+        stop_ranks(workers)
         if death is not None:
             raise WorkerDied(f"startup failed: {death}") from exc
         raise
@@ -136,9 +103,6 @@ def start_driver(setup: RunnerSetup, worker_target: Callable[..., None] | None =
              backend_for(device), num_blocks)
     clock = WallClock()
     if layout.pipeline_parallel_size > 1:
-        from stallfree.engine.distributed.pipeline_runner import PipelineRunner  # it imports this module
-        from stallfree.engine.distributed.stage_worker import stage_link
-
         pipeline = PipelineRunner(local, layout, Mailbox(store, DRIVER), stage_link(layout, 0, local,
                                                                                     setup.arch.hidden_size),
                                   workers, num_blocks)

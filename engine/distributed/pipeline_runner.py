@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from stallfree.engine.distributed.distributed_runner import DEATH_GRACE_S, _stop, is_collective_failure
 from stallfree.engine.distributed.layout import RankLayout
 from stallfree.engine.distributed.mailbox import Mailbox
 from stallfree.engine.distributed.stage_link import StageLink, StageTimer, Ticket
+from stallfree.engine.distributed.teardown import DEATH_GRACE_S, is_collective_failure, stop_ranks
 from stallfree.engine.distributed.workers import LocalWorkers, WorkerDied
 from stallfree.engine.runner.base import FinishedBatch, RunnerDead
 from stallfree.engine.runner.model_runner import ModelRunner
@@ -43,7 +43,7 @@ def _stop_pipeline(workers: LocalWorkers, mailbox: Mailbox, ranks: range, sequen
     if sequence.sound and workers.first_death() is None:
         for rank in ranks:
             mailbox.post(rank, sequence.next, None)
-    _stop(workers)
+    stop_ranks(workers)
 
 
 class PipelineRunner:

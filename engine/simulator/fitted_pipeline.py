@@ -1,7 +1,7 @@
 """A real pipeline deployment simulated: each stage's busy time on a micro-batch from a cost model fitted on
 that stage's busy seconds in a real pipelined run (the ``stage_busy_s`` of its BatchRecords).
 
-``StageCostModels`` is one ``CostModel`` (engine/runner/cost_model.py) per stage, saved as one JSON file; an
+``StageCostModels`` is one ``CostModel`` (engine/fitting/cost_model.py) per stage, saved as one JSON file; an
 engine with ``model.runner=simulated``, ``model.clock=virtual``, ``pipeline_parallel_size=PP`` and
 ``model.cost_model`` naming such a file runs the same schedulers over a ``FittedPipelineRunner`` of PP stages.
 """
