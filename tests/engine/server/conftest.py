@@ -36,7 +36,9 @@ def poisoned_server():
     tests/helpers/fakes/poisoned_runner.py): the engine must end only those requests."""
     with start_server(ENGINE) as handle:
         engine = handle.state.engine_loop.engine
-        engine.runner = PoisonedRunner(engine.runner)  # before any request: the engine thread is idle
+        # The engine steps its runner through engine.batches (engine/runner/serial.py); before any request:
+        # the engine thread is idle.
+        engine.batches.runner = PoisonedRunner(engine.batches.runner)
         yield handle
 
 
