@@ -221,7 +221,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the runner's worker processes, if it has any (again: a no-op)."""
-        getattr(self.runner, "shutdown", lambda: None)()
+        self.batches.shutdown()
 
     def _die(self, exc: RunnerDead) -> list[RequestOutput]:
         """End every unfinished request with ``exc`` as its error; later calls raise it."""

@@ -26,6 +26,10 @@ class Runner(Protocol):
         """Run one iteration: the sampled tokens of the units that sample, and what the iteration measured."""
         ...
 
+    def shutdown(self) -> None:
+        """Stop the processes it runs on besides this one, if any (again: a no-op)."""
+        ...
+
 
 @dataclass
 class FinishedBatch:
@@ -69,6 +73,10 @@ class BatchRunner(Protocol):
 
     def idle_until(self, t: float) -> None:
         """The engine had no work until ``t``: stage idle time before it is not a bubble."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the processes it runs on besides this one, if any (again: a no-op)."""
         ...
 
 

@@ -79,6 +79,9 @@ class ModelRunner:
                                               new_graph=new_graph or cuda_graph_factory())
             self.decode_graphs.capture_all()
 
+    def shutdown(self) -> None:
+        pass  # one process: nothing to stop (a distributed runner stops its workers)
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput, hidden: Hidden | None = None) -> ModelRunnerOutput:
         """Run one iteration; the sampled token of each unit that completes its request's tokens. The last stage

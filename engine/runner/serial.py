@@ -46,3 +46,6 @@ class SerialRunner:
 
     def idle_until(self, t: float) -> None:
         pass
+
+    def shutdown(self) -> None:
+        self.runner.shutdown()

@@ -27,6 +27,9 @@ class SimulatedRunner:
         self.token_ids = [t for t in range(vocab_size) if t not in eos_token_ids]
         self.rng = random.Random(seed)
 
+    def shutdown(self) -> None:
+        pass  # one process: nothing to stop (a distributed runner stops its workers)
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         out = scheduler_output
         seconds = self.cost_model.sample(IterationFeatures.of(out), self.rng)

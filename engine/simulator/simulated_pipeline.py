@@ -86,3 +86,6 @@ class SimulatedPipeline:
 
     def idle_until(self, t: float) -> None:
         self.pipeline.idle_until(t)
+
+    def shutdown(self) -> None:
+        pass  # a simulation: no process to stop
