@@ -31,7 +31,7 @@ def check_sweep(exp_dir: Path, target: str, with_batches: bool) -> None:
         requests = pd.read_parquet(d / "requests.parquet")
         assert list(requests.columns) == REQUESTS_SCHEMA.names and (requests["output_tokens"] == 8).all()
         config = yaml.safe_load((d / "config.yaml").read_text())
-        assert config["scheduler"]["name"] == s["scheduler"] and config["qps"] == s["qps"]
+        assert config["scheduler"]["policy"] == s["scheduler"] and config["qps"] == s["qps"]
         assert config["workload"]["lengths"] == {"kind": "fixed", "prompt": 32, "output": 8}
         assert (d / "batches.parquet").is_file() == with_batches
     table = pd.read_parquet(exp_dir / "summary.parquet")

@@ -67,7 +67,7 @@ def results(exp_dir: Path) -> dict:
         config = yaml.safe_load((d / "config.yaml").read_text())
         config.pop("results_dir")
         if summary["chunk_size"] is None:  # a policy that ignores it: the jobs of every chunk size share
-            config.pop("chunk_size")       # this run, and the one that ends first writes its config.yaml
+            config["scheduler"].pop("chunk_size")  # this run, and the one that ends first writes its config.yaml
         runs[d.name] = {"files": sorted(p.name for p in d.iterdir()), "config": config,
                         "summary": {k: v for k, v in summary.items() if k not in MACHINE_FIELDS}}
     table = pd.read_parquet(exp_dir / "summary.parquet").drop(columns=sorted(MACHINE_FIELDS), errors="ignore")
