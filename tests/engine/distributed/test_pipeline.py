@@ -10,34 +10,13 @@ import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.distributed import validation
-from tests.helpers.engine import hf_greedy, make_prompts, run_staggered
-
-MAX_TOKENS = 24
-POLICIES = [("sarathi", 64), ("vllm", 512)]
+from tests.engine.distributed.conftest import MAX_TOKENS, check_tokens_equal
+from tests.helpers.engine import run_staggered
 
 
 def engine(pp: int = 2, tp: int = 1, **kwargs) -> LLMEngine:
     return LLMEngine.from_kwargs(model="tiny", dtype="float32", device="cpu", pipeline_parallel_size=pp,
                                  tensor_parallel_size=tp, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return make_prompts(8, seed=0)
-
-
-def check_tokens_equal(parallel: LLMEngine, tiny_path, prompts) -> None:
-    reference = hf_greedy(tiny_path, prompts, MAX_TOKENS)
-    assert len({tuple(o) for o in reference}) == len(prompts)  # varied outputs: the comparison means something
-    single = LLMEngine.from_kwargs(model="tiny", dtype="float32", device="cpu", max_num_seqs=6)
-    for policy, chunk_size in POLICIES:
-        for e in (single, parallel):
-            e.reconfigure_scheduler(policy=policy, chunk_size=chunk_size)
-        expected = run_staggered(single, prompts, MAX_TOKENS)
-        got = run_staggered(parallel, prompts, MAX_TOKENS)
-        assert got == expected, policy
-        assert [got[f"r{i}"] for i in range(len(prompts))] == reference, policy
-        assert parallel.num_free_blocks == parallel.num_total_blocks
 
 
 @pytest.mark.slow

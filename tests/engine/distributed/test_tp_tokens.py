@@ -2,33 +2,15 @@
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
-from tests.engine.distributed.conftest import tp2_engine
+from tests.engine.distributed.conftest import MAX_TOKENS, check_tokens_equal, tp2_engine
 from tests.helpers.engine import hf_greedy, make_prompts, run_staggered
-
-MAX_TOKENS = 24
-POLICIES = [("sarathi", 64), ("vllm", 512)]
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return make_prompts(8, seed=0)
 
 
 @pytest.mark.slow
 def test_tp2_tokens_equal_one_process_and_hf(tiny_path, prompts):
-    reference = hf_greedy(tiny_path, prompts, MAX_TOKENS)
-    assert len({tuple(o) for o in reference}) == len(prompts)  # varied outputs: the comparison means something
-    single = LLMEngine.from_kwargs(model="tiny", dtype="float32", device="cpu", max_num_seqs=6)
     engine = tp2_engine(max_num_seqs=6)
     try:
-        for policy, chunk_size in POLICIES:
-            for e in (single, engine):
-                e.reconfigure_scheduler(policy=policy, chunk_size=chunk_size)
-            expected = run_staggered(single, prompts, MAX_TOKENS)
-            got = run_staggered(engine, prompts, MAX_TOKENS)
-            assert got == expected, policy
-            assert [got[f"r{i}"] for i in range(len(prompts))] == reference, policy
-            assert engine.num_free_blocks == engine.num_total_blocks
+        check_tokens_equal(engine, tiny_path, prompts)
     finally:
         engine.shutdown()
 
