@@ -38,12 +38,12 @@ class ProfileConfig(EngineConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from stallfree.engine import LLMEngine, profile_cost_model  # torch: only once the command runs
-
     args = sys.argv[1:] if argv is None else list(argv)
     if {"-h", "--help"} & set(args):
         print(USAGE)
         return 0
+    from stallfree.engine import LLMEngine, profile_cost_model  # torch: only once the command runs
+
     try:
         cfg = typed(ProfileConfig, compose("profile", args, job_name=PROG))
         config = cfg.engine_sections()
