@@ -61,6 +61,7 @@ class Point:
     client_scheduling_delay_growth_ms: float | None = None  # last third - first third of the steady window
     failed_rules: list[str] = field(default_factory=list)  # loadgen.sweep.keep_pace rule names
     reason: str = ""  # the failed rules' values against their bounds (all rules' when it passed)
+    disturbed: bool = False  # the run that decided the point was disturbed (loadgen.sweep.cpu_share)
 
 
 @dataclass
@@ -137,7 +138,7 @@ def point_from_summary(summary: dict, slo_tbt_ms: float, capacity: CapacityGroup
                  summary["median_scheduling_delay_ms"], summary["failed"], summary["run_id"],
                  summary["completed"] + summary["failed"], summary["completion_ratio"],
                  summary["median_client_scheduling_delay_ms"], summary["client_scheduling_delay_growth_ms"],
-                 [r.rule for r in results if not r.passed], reason(results))
+                 [r.rule for r in results if not r.passed], reason(results), bool(summary.get("disturbed")))
 
 
 def _write_atomic(path: Path, value) -> None:
@@ -156,16 +157,25 @@ def rebuild_capacity_json(exp_dir: Path) -> list[dict]:
 
 def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: UnloadedTtft, repeat: int) -> Search:
     """One search on the seed of repeat ``repeat``, every point judged against ``slo``. A point whose run
-    was disturbed (summary ``disturbed``: the engine got too little CPU) is measured once more."""
+    was disturbed (summary ``disturbed``: the engine, or the load generator, got too little CPU) is measured
+    once more, until a second measurement is disturbed too: then the disturbance is steady (a server that
+    takes every core beside its load generator), measuring again cannot clear it, and the search says so
+    once and keeps its points marked disturbed."""
     c, points = cfg.capacity, []
+    steady: list[str] = []  # the reason of a disturbance that a second measurement did not clear
 
     def run(qps: float, num_requests: int, part: RunPart) -> dict:
         point_cfg = dataclasses.replace(cfg.with_qps(qps), num_requests=num_requests)
         args = {"capacity_slo": cfg.slo.name, "part": part, "slo": slo, "unloaded_ttft": unloaded}
         summary = run_point(point_cfg, targets, **args)
-        if summary.get("disturbed"):
+        if summary.get("disturbed") and not steady:
             print(f"  qps {qps:g}: disturbed run, measuring again", flush=True)
             summary = run_point(point_cfg, targets, rerun=True, **args)
+            if summary.get("disturbed"):
+                steady.append(summary.get("disturbed_reason") or "disturbed")
+                print(f"[capacity] WARNING: measured again, qps {qps:g} is still disturbed "
+                      f"({steady[0]}): a steady disturbance; the search's other points are not measured "
+                      "again and stay marked disturbed", flush=True)
         return summary
 
     def measure(qps: float) -> Point:
@@ -221,6 +231,7 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
               "bracketed": all(r.bracketed for r in results), "lo_qps": first.lo_qps, "hi_qps": first.hi_qps,
               "capacity": asdict(cfg.capacity),
               **{k: plan.params[k] for k in RUN_PARAMS},
+              "disturbed_points": sum(p.disturbed for r in results for p in r.points),
               "points": [asdict(p) for r in results for p in r.points]}
     with experiment_lock(exp_dir):
         _write_atomic(record_path, record)
@@ -230,5 +241,6 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     chunk = "" if plan.params["chunk_size"] is None else f" chunk_size={plan.params['chunk_size']}"
     print(f"[capacity] {plan.params['scheduler']}{chunk} slo={cfg.slo.name} "
           f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {display}{spread}, "
-          f"{sum(len(r.points) for r in results)} points", flush=True)
+          f"{sum(len(r.points) for r in results)} points"
+          + (f" ({record['disturbed_points']} disturbed)" if record["disturbed_points"] else ""), flush=True)
     return record

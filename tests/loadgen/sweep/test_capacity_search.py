@@ -143,6 +143,43 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     assert (record["capacity_bound"], record["capacity_display"]) == ("exact", f"{record['capacity_qps']:.3g} qps")
 
 
+def test_a_steady_disturbance_is_measured_again_once_then_recorded(tmp_path, monkeypatch, capsys):
+    """A server that takes every core beside its load generator disturbs every run: the search measures
+    the first disturbed point again, sees it disturbed again, says so, and measures no later point twice."""
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.loadgen.sweep import capacity_search as capacity
+
+    calls = []
+
+    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
+        calls.append((cfg.qps, rerun))
+        passed = cfg.qps <= 3.0
+        return {"qps": cfg.qps, "run_id": f"q{cfg.qps}-r{rerun}", "completed": cfg.num_requests, "failed": 0,
+                "p99_tbt_ms": 10.0 if passed else 1e6, "median_scheduling_delay_ms": None,
+                "completion_ratio": 1.0, "peak_in_flight": 1, "median_client_scheduling_delay_ms": 0.0,
+                "client_scheduling_delay_growth_ms": 0.0, "disturbed": True,
+                "disturbed_reason": "the load generator got 70% of the CPU it asked for"}
+
+    monkeypatch.setattr(capacity, "run_point", fake_run_point)
+    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {
+        "slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None})
+    monkeypatch.setattr(capacity, "cached_unloaded_ttft",
+                        lambda cfg, exp_dir, targets: (UnloadedTtft(20.0, 0.0), {"intercept_ms": 20.0}))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.tolerance=0.25",
+                                           f"results_dir={tmp_path}"]))
+    record = capacity.run_search(cfg, targets=None)
+    assert [qps for qps, rerun in calls if rerun] == [1.0]  # the first point only
+    assert "still disturbed (the load generator got 70% of the CPU it asked for): a steady disturbance" \
+        in capsys.readouterr().out
+    assert record["disturbed_points"] == len(record["points"]) > 2
+    assert all(p["disturbed"] for p in record["points"]) and record["capacity_bound"] == "exact"
+
+
 def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
