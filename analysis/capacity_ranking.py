@@ -114,12 +114,16 @@ def disturbance(capacities: list[Capacity], undisturbed: list[Capacity] | None) 
     runs = sorted({run for c in capacities for run in c.disturbed_runs})
     if not runs:
         return "No run was disturbed."
-    named = f"Disturbed runs (the engine got too little of the CPU it asked for): {', '.join(runs)}."
+    named = (f"Disturbed runs (the engine, or a url run's load generator, got too little of the CPU it asked "
+             f"for): {', '.join(runs)}.")
     if undisturbed is None:
         return named
     if not undisturbed:
         return f"{named} Without them no capacity is left to rank."
     before, after = policy_ranking(capacities), policy_ranking(undisturbed)
+    left = {c.scheduler for c in undisturbed}
+    lost = sorted({c.scheduler for c in capacities} - left)
+    without = f" ({', '.join(lost)}: every run disturbed)" if lost else ""
     if before == after:
         return f"{named} Without them the ranking of the policies holds ({after})."
-    return f"{named} **Without them the ranking changes**: {after} (with them: {before})."
+    return f"{named} **Without them the ranking changes**: {after}{without} (with them: {before})."

@@ -7,8 +7,9 @@ bound taken from the committed cost model, so that the targets differ only in ho
 Checks: every capacity within --within (0.2) of the inprocess one, and the two url searches within the
 search's tolerance (capacity.tolerance) of each other.
 
-    python -m benchmarks.capacity_agreement [--model small] [--policy sarathi:256] [--slo relaxed]
+    python -m benchmarks.capacity_agreement [--model small] [--policy sarathi:256] [--slo relaxed] [OVERRIDES]
     # writes benchmarks/results/capacity_agreement.json; the runs go to --results-dir
+    # OVERRIDES default to a short fixed workload: 128-token prompts, 64 tokens out, capacity.tolerance=0.25
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from stallfree.loadgen.targets.server_process import ServerProcess, free_port
 
-SEARCHES = ("inprocess", "http", "url", "url_repeat")
+DEFAULT_OVERRIDES = ["workload=fixed", "workload.lengths.prompt=128", "workload.lengths.output=64",
+                     "capacity.tolerance=0.25"]
 
 
 def capacity_search(args: argparse.Namespace, name: str, target: list[str]) -> dict:
@@ -66,12 +68,14 @@ def main() -> None:
     ap.add_argument("--policy", default="sarathi:256", help="SCHEDULER:CHUNK_SIZE")
     ap.add_argument("--slo", default="relaxed")
     ap.add_argument("--cost-model", default="small-cpu.json", help="the SLO's decode reference")
-    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--num-requests", type=int, default=16)
     ap.add_argument("--within", type=float, default=0.2, help="the targets' capacities agree within this")
     ap.add_argument("--results-dir", default="results/capacity_agreement")
     ap.add_argument("--out", default="benchmarks/results/capacity_agreement.json")
-    ap.add_argument("overrides", nargs="*", help="more stallfree-bench overrides for every search")
+    ap.add_argument("overrides", nargs="*", help="more stallfree-bench overrides for every search "
+                    f"(default: {' '.join(DEFAULT_OVERRIDES)})")
     args = ap.parse_args()
+    args.overrides = args.overrides or DEFAULT_OVERRIDES
     policy, chunk_size = args.policy.split(":")
     searches: dict[str, dict] = {}
     searches["inprocess"] = capacity_search(args, "inprocess", ["target=inprocess"])

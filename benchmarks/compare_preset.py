@@ -16,12 +16,29 @@ import sys
 import time
 from pathlib import Path
 
+from stallfree.engine.utilization.measured_limits import cpu_description
+
 
 def timed(cmd: list[str]) -> float:
     print("$ " + " ".join(cmd), flush=True)
     started = time.monotonic()
     subprocess.run(cmd, check=True)
     return round(time.monotonic() - started, 1)
+
+
+def record(results: Path, bench_s: float, report_s: float, budget_s: float) -> dict:
+    """The wall times against the budget, the machine, and every contender's capacity and points."""
+    contenders = json.loads((results / "compare" / "compare.json").read_text())
+    total_s = bench_s + report_s
+    return {
+        "machine": cpu_description(), "bench_wall_s": bench_s, "report_wall_s": report_s, "total_wall_s": total_s,
+        "budget_s": budget_s, "within_budget": total_s <= budget_s,
+        "contenders": [{"contender": c["contender"], "status": c["status"], "label": c.get("scheduler"),
+                        "capacity": c.get("capacity_display"), "slo_tbt_ms": c.get("slo_tbt_ms"),
+                        "disturbed_points": c.get("disturbed_points"), "reason": c.get("reason"),
+                        "points": [{k: p[k] for k in ("qps", "passed", "p99_tbt_ms", "failed_rules")}
+                                   for p in c.get("points", [])]} for c in contenders],
+    }
 
 
 def main() -> None:
@@ -37,19 +54,11 @@ def main() -> None:
     bench_s = timed([str(bin_dir / "stallfree-bench"), "+experiment=compare", f"results_dir={results}",
                      *args.overrides])
     report_s = timed([str(bin_dir / "stallfree-report"), str(results / "compare")])
-    contenders = json.loads((results / "compare" / "compare.json").read_text())
-    total_s = bench_s + report_s
-    result = {
-        "overrides": args.overrides, "bench_wall_s": bench_s, "report_wall_s": report_s, "total_wall_s": total_s,
-        "budget_s": args.budget_min * 60, "within_budget": total_s <= args.budget_min * 60,
-        "contenders": [{"contender": c["contender"], "status": c["status"], "label": c.get("scheduler"),
-                        "capacity": c.get("capacity_display"),
-                        "reason": c.get("reason")} for c in contenders],
-    }
+    result = {"overrides": args.overrides, **record(results, bench_s, report_s, args.budget_min * 60)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"[compare_preset] {total_s / 60:.1f} min (budget {args.budget_min:g}): "
+    print(f"[compare_preset] {result['total_wall_s'] / 60:.1f} min (budget {args.budget_min:g}): "
           + "; ".join(f"{c['contender']} {c['status']} {c['capacity']}" for c in result["contenders"]), flush=True)
     print(f"wrote {out}", flush=True)
 

@@ -10,8 +10,9 @@
    offline workload 128 x 1024 prompt / 128 output (greedy, ignore_eos) for sarathi-512 and vllm,
    timed without the profiler (a short profiled run after gives the GPU's busy fraction); the same
    workload through HF transformers' continuous batching (``generate_batch``).
-   On 2+ GPUs, TP2 greedy tokens against TP1 (NCCL, benchmarks/lib/gpu_parallel.py); skipped, and the
-   JSON's ``tp2_vs_tp1`` and the output say so, on fewer.
+   On 2+ GPUs, TP2 greedy tokens against TP1 and PP2 against PP1, with PP2's bubble fraction under sarathi
+   and vllm (NCCL, benchmarks/lib/gpu_parallel.py); skipped, and the JSON's ``tp2_vs_tp1`` /
+   ``pp2_vs_pp1`` and the output say so, on fewer.
 3. PASS / FAIL against each target (benchmarks/lib/gpu_checks.py: decode <= 6 ms at batch 1 and <= 9 ms
    at 64, hybrid <= 1.3x prefill-only 512, MFU >= 0.5 at 512 and >= 0.65 at 4096, offline sarathi
    >= 0.9x vllm and >= 2x HF continuous batching); exit status 0 only when everything passed.
@@ -36,7 +37,7 @@ import torch
 from benchmarks.lib.gpu_checks import CHECK_SHAPE, SMOKE_SHAPE, greedy_check, judge, write_checkpoint
 from benchmarks.lib.gpu_diagnosis import diagnose
 from benchmarks.lib.gpu_iterations import iteration_figures, sync
-from benchmarks.lib.gpu_parallel import tp2_check, verdict
+from benchmarks.lib.gpu_parallel import pp2_check, tp2_check, verdict
 from stallfree.engine import LLM, SamplingParams
 from stallfree.engine.model.presets import SHAPE_PRESETS
 from stallfree.engine.utilization import machine_limits
@@ -163,6 +164,11 @@ def measure(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, 
         result["tp2_vs_tp1"] = tp2_check(check_path, device, dict(check, dtype="float32"))  # 2+ GPUs only
         print(f"TP2 vs TP1 greedy (fp32): {verdict(result['tp2_vs_tp1'])}", flush=True)
         stage("tp2_vs_tp1")
+        result["pp2_vs_pp1"] = pp2_check(check_path, device, dict(check, dtype="float32"))  # 2+ GPUs only
+        bubbles = result["pp2_vs_pp1"].get("bubble_fraction")
+        print(f"PP2 vs PP1 greedy (fp32): {verdict(result['pp2_vs_pp1'])}"
+              + (f"; PP2 bubble fraction {bubbles}" if bubbles else ""), flush=True)
+        stage("pp2_vs_pp1")
         release(device)
         result["limits"] = limits_figures(device, dtype, args.smoke)
         stage("limits")

@@ -28,6 +28,8 @@ def test_smoke_run_passes_on_cpu_and_writes_every_verdict(tmp_path):
     assert "greedy vs HF (fp32): PASS" in proc.stdout and "attention backend: " in proc.stdout
     assert result["tp2_vs_tp1"] == {"skipped": "needs 2 GPUs, this machine has 0"}  # the CPU smoke run
     assert "TP2 vs TP1 greedy (fp32): SKIPPED (needs 2 GPUs, this machine has 0)" in proc.stdout
+    assert result["pp2_vs_pp1"] == {"skipped": "needs 2 GPUs, this machine has 0"}
+    assert "PP2 vs PP1 greedy (fp32): SKIPPED (needs 2 GPUs, this machine has 0)" in proc.stdout
 
 
 def test_parameter_counts_match_the_hf_model():

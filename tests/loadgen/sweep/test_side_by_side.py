@@ -36,6 +36,7 @@ def test_each_contender_is_its_engine_on_the_same_model_and_slo():
     for name, c in contenders.items():
         assert (c.mode, c.compare.contender, c.compare.qps, c.model.model) == ("compare", name, [1, 2, 4], "small")
         assert c.slo.reference_cost_model == "small-cpu.json"  # one SLO for every engine, not each one's probe
+        assert (c.slo.name, c.capacity.min_qps) == ("relaxed", 0.25)
     validate_cli(["+experiment=compare"])  # every contender of the preset's sweep checks
 
 
@@ -67,7 +68,7 @@ def test_a_url_contender_runs_its_points_and_capacity_search_on_the_fake_server(
     summaries = {d.name: json.loads((d / "summary.json").read_text()) for d in run_dirs(tmp_path / "compare")}
     assert [summaries[run_id]["qps"] for run_id in record["run_ids"]] == [4.0, 8.0]
     assert all("capacity_search" not in summaries[run_id] for run_id in record["run_ids"])
-    assert sorted(s["qps"] for s in summaries.values() if s.get("capacity_search") == "strict") == [8.0, 16.0]
+    assert sorted(s["qps"] for s in summaries.values() if s.get("capacity_search") == "relaxed") == [8.0, 16.0]
 
 
 def test_a_url_contender_without_a_server_is_skipped_with_one_line_and_recorded_missing(tmp_path, capsys):
