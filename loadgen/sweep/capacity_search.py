@@ -5,7 +5,8 @@ From ``capacity.start_qps`` the search doubles (or halves) until it has a passin
 failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is a cached run of
 ``stallfree-bench`` (loadgen.sweep.point.run_point) of ``capacity.num_requests(qps)`` requests (long
 enough to be a load test, not a burst; one that fails only for being short for the requests it kept in
-flight is measured again, longer), so an interrupted search resumes where it stopped. The SLO and
+flight is measured again, longer, and fails as ``backlog`` when its peak in flight grew with the run), so an
+interrupted search resumes where it stopped. The SLO and
 the unloaded TTFT (the baseline of the client-side scheduling delay, loadgen.sweep.unloaded_ttft) are
 resolved once, before the first point, and every point is judged against them.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
@@ -43,6 +44,7 @@ from stallfree.loadgen.sweep.progress import RunPart
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 
+BACKLOG_GROWTH = 1.5  # peak in flight this much higher on a run >= 2x as long: the server falls behind
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
 _searched: dict[Path, str] = {}  # the searches this process ran: record file -> the job that ran it
 
@@ -131,6 +133,16 @@ def probes_left(points: list[Point], min_qps: float, max_qps: float, tolerance: 
     return (1 if points else 2) + bisections(1.0, 2.0)  # the next doubling / halving closes a bracket
 
 
+def backlogged(point: Point, previous_peak: int, peak: int) -> Point:
+    """A point still short for its concurrency after a longer run whose peak in flight grew with it: the
+    requests in flight scale with the run's length, a queue that builds (GuideLLM's over-saturation), so
+    measuring longer again cannot pass it."""
+    detail = (f"peak in flight {previous_peak} -> {peak} ({peak / previous_peak:.1f}x) on a run twice as long "
+              "or more: a queue that builds")
+    return dataclasses.replace(point, passed=False, failed_rules=[*point.failed_rules, "backlog"],
+                               reason=f"{point.reason}; {detail}")
+
+
 def point_from_summary(summary: dict, slo_tbt_ms: float, capacity: CapacityGroup) -> Point:
     """A point judged by the rules of loadgen.sweep.keep_pace against the search's SLO."""
     results = checks(summary, slo_tbt_ms, capacity)
@@ -182,13 +194,18 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: Unlo
         share = (len(points) + 1) / (len(points) + probes_left(points, c.min_qps, c.max_qps, c.tolerance))
         part = repeat_part(cfg, repeat, min(share, 1.0))
         part.extras["qps"] = qps
-        num_requests = c.num_requests(qps, cfg.num_requests)
+        num_requests, previous_peak = c.num_requests(qps, cfg.num_requests), None
         while True:  # a point that failed only for being short for its concurrency is measured again, longer
             summary = run(qps, num_requests, part)
             point = point_from_summary(summary, slo["slo_tbt_ms"], c)
-            longer = c.longer(num_requests, summary["peak_in_flight"])
+            peak = summary["peak_in_flight"]
+            if point.failed_rules == ["length"] and previous_peak and peak >= BACKLOG_GROWTH * previous_peak:
+                point = backlogged(point, previous_peak, peak)
+                break
+            longer = c.longer(num_requests, peak)
             if point.failed_rules != ["length"] or longer <= num_requests:
                 break
+            previous_peak = peak
             print(f"  qps {qps:g}: {num_requests} requests, {summary['peak_in_flight']} in flight at once: "
                   f"measuring again with {longer}", flush=True)
             num_requests = longer

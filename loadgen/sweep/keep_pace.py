@@ -11,7 +11,8 @@ from what every target shows a client (the run summary's fields, loadgen.results
   of the steady window (a queue that keeps building is a server falling behind, however short the run);
 * ``length``: the point sent >= ``capacity.min_requests_per_in_flight`` x its peak in-flight requests (a
   burst that the server absorbs at once says nothing about the rate it sustains; the search measures a point
-  that fails only this rule again, longer);
+  that fails only this rule again, longer, and fails it as ``backlog`` when its peak in flight grew with the
+  run: loadgen.sweep.capacity_search.backlogged);
 * ``server_delay``: the server's own median scheduling delay <= the same bound, where the target reports it
   (stallfree-serve, inprocess); skipped, and said so, where it does not.
 """

@@ -211,6 +211,42 @@ def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path
     assert [p["passed"] for p in record["points"]] == [True, True] and record["capacity_display"].startswith(">= 8")
 
 
+def test_a_point_whose_in_flight_requests_grow_with_its_length_fails_as_a_backlog(tmp_path, monkeypatch):
+    """A server falling behind keeps more requests in flight the longer the run: measured again longer, the
+    point fails as a backlog instead of doubling its requests up to max_requests."""
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.loadgen.sweep import capacity_search as capacity
+
+    sent = []
+
+    def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
+        sent.append((cfg.qps, cfg.num_requests))
+        peak = cfg.num_requests // 2 if cfg.qps > 2 else 2  # above 2 qps a queue builds with the run
+        return {"qps": cfg.qps, "run_id": f"q{cfg.qps}-n{cfg.num_requests}", "completed": cfg.num_requests,
+                "failed": 0, "p99_tbt_ms": 10.0, "median_scheduling_delay_ms": None, "completion_ratio": 1.0,
+                "peak_in_flight": peak, "median_client_scheduling_delay_ms": 0.0,
+                "client_scheduling_delay_growth_ms": 0.0}
+
+    monkeypatch.setattr(capacity, "run_point", fake_run_point)
+    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {"slo_name": "strict",
+                                                                                "slo_tbt_ms": 100.0})
+    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (UnloadedTtft(1.0, 0.0), {}))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.start_qps=2", "capacity.max_qps=8",
+                                           "capacity.tolerance=1.0", "num_requests=16",
+                                           "capacity.min_duration_s=8", f"results_dir={tmp_path}"]))
+    record = capacity.run_search(cfg, targets=None)
+    assert sent == [(2.0, 16), (4.0, 32), (4.0, 64)]  # 4 qps: 16 -> 32 in flight on a 2x longer run
+    [passed, backlog] = record["points"]
+    assert passed["passed"] and not backlog["passed"] and backlog["failed_rules"] == ["length", "backlog"]
+    assert "peak in flight 16 -> 32 (2.0x) on a run twice as long or more: a queue that builds" in backlog["reason"]
+    assert record["capacity_display"] == "2 qps"
+
+
 def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again():
     from stallfree.loadgen.sweep.point import must_rerun
 
