@@ -133,10 +133,18 @@ def _steady_window(sends: pd.Series) -> tuple[float, float]:
     return lo, hi
 
 
+# How completion_ratio is counted; a cached capacity point counted another way is measured again
+COMPLETION_METHOD = "ended ok in the steady window shifted by its median latency / the window's requests"
+
+
 def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame) -> tuple[float | None, float | None]:
-    """(completion rate, completion ratio) of the steady window's requests: those that ended ok within the
-    window shifted by their median latency. Rating the finishes by their own quantile span instead overstates
-    a burst the server absorbed at once, whose requests all finish together (a ratio far above 1)."""
+    """(completion rate, completion ratio) of the steady window: the requests that ended ok within the window
+    shifted by the median latency of its requests, whichever they were, per second of the window and over the
+    window's requests, at most 1. A server that keeps pace ends as many requests in the shifted window as
+    arrived in the window, however its latencies spread (a long one arriving late is balanced by one from
+    before the window ending in it); one that falls behind ends only its service rate's worth, however far
+    its latencies have grown. Rating the finishes by their own quantile span instead overstates a burst the
+    server absorbed at once, whose requests all finish together (a ratio far above 1)."""
     if df["intended_send_time"].count() < 2:
         return None, None
     lo, hi = _steady_window(df["intended_send_time"])
@@ -145,8 +153,8 @@ def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame) -> tuple[float | None
     if hi <= lo or window.empty or done.empty:
         return None, None
     shift = float((done["finish_time"] - done["intended_send_time"]).median())
-    kept = int(done["finish_time"].between(lo + shift, hi + shift).sum())
-    return kept / (hi - lo), kept / len(window)
+    ended = int(ok["finish_time"].between(lo + shift, hi + shift).sum())
+    return ended / (hi - lo), min(1.0, ended / len(window))
 
 
 def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
@@ -159,10 +167,9 @@ def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
 def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict:
     """Whether the server kept pace (``per_request_metrics`` rows): ``steady_offered_rate`` (requests/s
     between the STEADY_QUANTILES of the intended sends: the steady window), ``steady_completion_rate`` (the
-    window's requests that ended ok within the window shifted by their median latency, per second of the
-    window; a request that keeps pace ends one latency after it was sent) and ``completion_ratio`` (the two
-    over each other: the fraction of the window's requests that did, at most 1, however the finishes
-    bunch up); ``peak_in_flight``; ``arrival_window_s`` (last - first intended send). With ``unloaded``:
+    requests that ended ok within the window shifted by the median latency of its requests, per second of
+    the window: a server that keeps pace ends as many as arrived) and ``completion_ratio`` (those over the
+    window's requests, at most 1, however the finishes bunch up); ``peak_in_flight``; ``arrival_window_s`` (last - first intended send). With ``unloaded``:
     the client-side scheduling delay of each ok request (TTFT - unloaded TTFT of its prompt length), its
     median ``median_client_scheduling_delay_ms`` and ``client_scheduling_delay_growth_ms``: the median over
     the last third of the steady window's requests (by intended send) minus the median over its first
@@ -171,6 +178,7 @@ def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict
     sends = df["intended_send_time"]
     offered, (completed, ratio) = _steady_rate(sends), _steady_completion(df, ok)
     out = {"steady_offered_rate": offered, "steady_completion_rate": completed, "completion_ratio": ratio,
+           "completion_method": COMPLETION_METHOD,
            "peak_in_flight": peak_in_flight(df["send_time"], df["finish_time"]),
            "arrival_window_s": float(sends.max() - sends.min()) if len(df) else None,
            "median_client_scheduling_delay_ms": None, "client_scheduling_delay_growth_ms": None}

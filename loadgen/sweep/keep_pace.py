@@ -3,8 +3,8 @@ from what every target shows a client (the run summary's fields, loadgen.results
 
 * ``failed``: no request failed;
 * ``tbt``: P99 TBT <= the SLO;
-* ``completion``: the fraction of the steady window's requests that ended ok within the window shifted by
-  their median latency (loadgen.results.request_metrics) >= ``capacity.min_completion_ratio``;
+* ``completion``: the requests that ended ok within the steady window shifted by its median latency, over
+  the window's requests (loadgen.results.request_metrics) >= ``capacity.min_completion_ratio``;
 * ``client_delay``: the median client-side scheduling delay (TTFT - unloaded TTFT) <=
   ``capacity.max_p50_scheduling_delay_s``;
 * ``delay_growth``: that delay grows by <= ``capacity.max_delay_growth_s`` from the first to the last third

@@ -23,7 +23,12 @@ from stallfree.loadgen.config.views import workload_tokenizer
 from stallfree.loadgen.openai_client.completions import lost_connection
 from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.results.request_metrics import UnloadedTtft, pipeline_summary, summarize
+from stallfree.loadgen.results.request_metrics import (
+    COMPLETION_METHOD,
+    UnloadedTtft,
+    pipeline_summary,
+    summarize,
+)
 from stallfree.loadgen.results.run_dir import (
     is_complete,
     rebuild_experiment_summary,
@@ -115,9 +120,10 @@ def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestR
 
 def must_rerun(rerun: str, summary: dict) -> bool:
     """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again. A capacity
-    point without the fields its keep-pace rules judge (measured by an earlier version) always is."""
+    point without the fields its keep-pace rules judge, or whose completion ratio was counted another way
+    (measured by an earlier version), always is."""
     disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed") or summary.get("failed_run"))
-    outdated = summary.get("capacity_search") is not None and "completion_ratio" not in summary
+    outdated = summary.get("capacity_search") is not None and summary.get("completion_method") != COMPLETION_METHOD
     return outdated or rerun == "all" or (rerun == "disturbed" and disturbed)
 
 

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -196,3 +197,16 @@ def test_a_burst_absorbed_at_once_finishing_together_keeps_the_completion_ratio_
     failed = [row(f"f{i}", i / 10, i / 10, [i / 10 + 0.05, i / 10 + 0.1], status="error" if i % 2 else "ok")
               for i in range(100)]
     assert summarize(requests_frame(failed))["completion_ratio"] == pytest.approx(0.5, abs=0.03)
+
+
+def test_a_server_that_keeps_pace_with_widely_spread_latencies_reads_a_completion_ratio_near_1():
+    # one request a second, each served on its own (no queue) in 1 to 41 s: the server keeps pace, though a
+    # long request sent late in the steady window ends well after the window shifted by the median latency
+    latencies = np.random.default_rng(0).uniform(1.0, 41.0, 120)
+    rows = [row(f"r{i}", float(i), float(i), [i + 0.5, i + float(latency)]) for i, latency in enumerate(latencies)]
+    assert summarize(requests_frame(rows))["completion_ratio"] >= 0.95
+    # the same latencies behind one FIFO server at 0.5 s a request keep pace too; at 2 s a request it serves
+    # half the offered rate
+    assert summarize(requests_frame(queue_rows(rate=1.0, service_s=0.5, n=120)))["completion_ratio"] >= 0.95
+    assert summarize(requests_frame(queue_rows(rate=1.0, service_s=2.0, n=120)))["completion_ratio"] \
+        == pytest.approx(0.5, abs=0.03)

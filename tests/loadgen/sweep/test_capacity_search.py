@@ -248,8 +248,11 @@ def test_a_point_whose_in_flight_requests_grow_with_its_length_fails_as_a_backlo
 
 
 def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again():
+    from stallfree.loadgen.results.request_metrics import COMPLETION_METHOD
     from stallfree.loadgen.sweep.point import must_rerun
 
     assert must_rerun("none", {"capacity_search": "strict", "p99_tbt_ms": 10.0})  # an earlier version's point
-    assert not must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0})
+    assert must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0})  # counted another way
+    assert not must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0,
+                                   "completion_method": COMPLETION_METHOD})
     assert not must_rerun("none", {"capacity_search": None})  # a plain run keeps its summary
