@@ -29,6 +29,7 @@ from stallfree.analysis.capacity_ranking import (
     disturbance,
 )
 from stallfree.analysis.load import disturbed_mask
+from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_RATE
 
 # --- capacities from the results ------------------------------------------------------------------
 
@@ -158,6 +159,22 @@ def tbt_by_qps(runs: pd.DataFrame, slos: Mapping[str, float]) -> list[str]:
     return lines
 
 
+def prefix_cache_note(runs: pd.DataFrame) -> str | None:
+    """The configs whose server served a share of the prompt tokens from its prefix cache (the median over
+    their runs at or above PREFIX_CACHE_WARN_RATE), or None."""
+    if runs.empty or "server_prefix_cache_hit_rate" not in runs:
+        return None
+    rates = runs.groupby("config", sort=False)["server_prefix_cache_hit_rate"].median().dropna()
+    cached = rates[rates >= PREFIX_CACHE_WARN_RATE]
+    if cached.empty:
+        return None
+    named = "; ".join(f"{config} served {rate:.0%} of its prompt tokens from its prefix cache"
+                      for config, rate in cached.items())
+    return (f"**Prefix cache**: {named} (the median over its runs). The runs of a sweep send the same prompts, "
+            "so its prefills were mostly skipped: its latencies and capacity are not like for like with an engine "
+            "without a prefix cache. Start it without one (vLLM: `--no-enable-prefix-caching`) to compare.")
+
+
 def conclusion_markdown(results_dir: str | Path, runs: pd.DataFrame, slos: Mapping[str, float],
                         max_delay_ms: float = capacity_data.MAX_SCHEDULING_DELAY_MS) -> str:
     """The report's conclusion section (markdown)."""
@@ -173,6 +190,8 @@ def conclusion_markdown(results_dir: str | Path, runs: pd.DataFrame, slos: Mappi
     if by_qps:
         slo_text = ", ".join(f"{name} {ms:.0f} ms" for name, ms in slos.items())
         parts.append(f"**P99 TBT at each QPS**, lowest first (SLOs: {slo_text or 'none'}): " + "; ".join(by_qps) + ".")
+    if (note := prefix_cache_note(runs)) is not None:
+        parts.append(note)
     return "\n\n".join(parts)
 
 

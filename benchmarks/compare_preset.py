@@ -2,7 +2,7 @@
 and the sarathi policy, and the server at compare.vllm_url; compare.qps points each plus a capacity search),
 then ``stallfree-report`` on its results. Records the wall time of each step and every contender's capacity.
 
-    peers/vllm_cpu.sh serve ~/.cache/stallfree/small-v1 8300 --dtype float32 &   # the url contender
+    peers/vllm_cpu.sh serve ~/.cache/stallfree/small-v1 8300 --dtype float32 --no-enable-prefix-caching &
     python -m benchmarks.compare_preset [--budget-min 15] [stallfree-bench overrides ...]
     # writes benchmarks/results/compare_preset.json; the runs go to --results-dir (fresh: no cache)
 """

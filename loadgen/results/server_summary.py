@@ -50,6 +50,22 @@ def queue_growing(series: pd.DataFrame, window: tuple[float, float] | None) -> b
     return bool(trend > 0 and last.mean() - first.mean() >= max(QUEUE_GROWTH_MIN_REQUESTS, first.mean()))
 
 
+PREFIX_CACHE_WARN_RATE = 0.1  # a run above it measured a prefix cache's hits, not its prefills
+
+
+def prefix_cache_warning(summary: dict) -> str | None:
+    """One line when the server served a share of the prompt tokens from its prefix cache; None otherwise.
+    The workload's prompts come from its seed, so every run of a sweep or search sends the same ones and a
+    server that caches prefixes skips most prefills from its second run on: not like for like with an
+    engine without a prefix cache (stallfree)."""
+    rate = summary.get("server_prefix_cache_hit_rate")
+    if rate is None or rate < PREFIX_CACHE_WARN_RATE:
+        return None
+    return (f"warning: the server served {rate:.0%} of the prompt tokens from its prefix cache (the runs of a "
+            "sweep send the same prompts): its prefills are mostly skipped, so latencies and capacity are not "
+            "like for like with an engine without one; start it without (vLLM: --no-enable-prefix-caching)")
+
+
 def series_summary(series: pd.DataFrame, window: tuple[float, float] | None) -> dict:
     """The summary's server figures of one run's series (all None where the series lacks the metric)."""
     queries = counter_increase(series, "prefix_cache_queries_total")

@@ -35,6 +35,7 @@ from stallfree.loadgen.results.run_dir import (
     requests_frame,
     write_run,
 )
+from stallfree.loadgen.results.server_summary import prefix_cache_warning
 from stallfree.loadgen.results.summary_block import result_block
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport, placement
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
@@ -65,8 +66,9 @@ def _report(status: str, plan: RunPlan, s: dict) -> None:
           + (_disturbed_text(s) if s.get("disturbed") else "")
           + (f" [failed run: {s['failed_reason']}]" if s.get("failed_run") else ""),
           flush=True)
-    if (warning := early_stop_warning(s)) is not None:
-        print(f"  {warning}", flush=True)
+    for warning in (early_stop_warning(s), prefix_cache_warning(s)):
+        if warning is not None:
+            print(f"  {warning}", flush=True)
 
 
 def target_failure(records: list[RequestRecord]) -> str | None:

@@ -119,3 +119,13 @@ def test_without_an_slo_it_says_no_capacity_search_ran_and_compares_p99_tbt(tmp_
 ])
 def test_ratio_text_claims_only_what_the_bounds_support(top, other, expected):
     assert capacity_ranking.ratio_text(top, other) == expected
+
+
+def test_a_server_that_served_prompts_from_its_prefix_cache_is_named_not_like_for_like():
+    runs = pd.DataFrame({"config": ["vllm 0.32.0 (url)", "vllm 0.32.0 (url)", "stallfree sarathi-256"],
+                         "server_prefix_cache_hit_rate": [0.86, 0.80, None]})
+    note = conclusion.prefix_cache_note(runs)
+    assert note.startswith("**Prefix cache**: vllm 0.32.0 (url) served 83% of its prompt tokens from its prefix cache")
+    assert "stallfree" not in note and "--no-enable-prefix-caching" in note
+    assert conclusion.prefix_cache_note(runs.assign(server_prefix_cache_hit_rate=[0.0, 0.01, None])) is None
+    assert conclusion.prefix_cache_note(runs.drop(columns="server_prefix_cache_hit_rate")) is None

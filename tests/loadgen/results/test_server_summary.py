@@ -58,3 +58,13 @@ def test_queue_growth_needs_a_window_with_scrapes():
     assert queue_growing(s, None) is None and queue_growing(s, (T0, T0)) is None
     assert queue_growing(s, (T0 + 100, T0 + 110)) is None  # no scrape in the window
     assert queue_growing(series(requests_running=[1, 2, 3, 4, 5]), WINDOW) is None  # no waiting series
+
+
+def test_a_run_served_from_a_prefix_cache_gets_one_warning_line():
+    from stallfree.loadgen.results.server_summary import prefix_cache_warning
+
+    warning = prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86})
+    assert warning.startswith("warning: the server served 86% of the prompt tokens from its prefix cache")
+    assert "--no-enable-prefix-caching" in warning
+    assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.02}) is None
+    assert prefix_cache_warning({"server_prefix_cache_hit_rate": None}) is None
