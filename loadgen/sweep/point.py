@@ -122,10 +122,11 @@ def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestR
 
 def must_rerun(rerun: str, summary: dict) -> bool:
     """Whether ``rerun`` (none | disturbed | all) measures a complete run with this summary again. A capacity
-    point without the fields its keep-pace rules judge, or whose completion ratio was counted another way
-    (measured by an earlier version), always is."""
+    point without the fields its keep-pace rules judge, or any run whose completion ratio was counted another
+    way (measured by an earlier version), always is."""
     disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed") or summary.get("failed_run"))
-    outdated = summary.get("capacity_search") is not None and summary.get("completion_method") != COMPLETION_METHOD
+    judged = summary.get("capacity_search") is not None or "completion_ratio" in summary
+    outdated = judged and summary.get("completion_method") != COMPLETION_METHOD
     return outdated or rerun == "all" or (rerun == "disturbed" and disturbed)
 
 
@@ -180,7 +181,8 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **server_metrics_summary(replay.server_metrics, replay.records),
                **dataclasses.asdict(where)}
     with experiment_lock(plan.exp_dir):
-        if is_complete(plan.run_dir) and cfg.rerun == "none":  # a parallel job measured it first: keep its run
+        if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
+            # a parallel job measured it first (a current summary): keep its run
             summary = _read_summary(plan)
         else:
             run_dir = write_run(plan.exp_dir, plan.run_id, config=plan.config, requests=replay.records,

@@ -255,4 +255,31 @@ def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again(
     assert must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0})  # counted another way
     assert not must_rerun("none", {"capacity_search": "strict", "completion_ratio": 1.0,
                                    "completion_method": COMPLETION_METHOD})
-    assert not must_rerun("none", {"capacity_search": None})  # a plain run keeps its summary
+    assert must_rerun("none", {"capacity_search": None, "completion_ratio": 1.0})  # a plain run, counted another way
+    assert not must_rerun("none", {"capacity_search": None, "p99_tbt_ms": 10.0})  # from before the keep-pace fields
+
+
+def test_an_outdated_cached_capacity_point_is_measured_again_and_the_new_summary_kept(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
+    from stallfree.loadgen.results.request_metrics import COMPLETION_METHOD
+    from stallfree.loadgen.sweep.live_target import LiveTarget
+    from stallfree.loadgen.sweep.plan import plan_run
+    from stallfree.loadgen.sweep.point import run_point
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["model=tiny", "workload=fixed", "arrival=burst", "num_requests=3",
+                                           "slo.tbt_ms=1000", "min_engine_cpu_share=0", f"results_dir={tmp_path}"]))
+    targets = LiveTarget()
+    try:
+        first = run_point(cfg, targets, capacity_slo="relaxed")
+        summary_path = plan_run(cfg, "relaxed").run_dir / "summary.json"
+        outdated = {k: v for k, v in first.items() if k != "completion_method"}  # an earlier version's count
+        summary_path.write_text(json.dumps({**outdated, "completion_ratio": 0.123}))
+        again = run_point(cfg, targets, capacity_slo="relaxed")
+    finally:
+        targets.close()
+    assert again["completion_method"] == COMPLETION_METHOD and again["completion_ratio"] != 0.123
+    assert json.loads(summary_path.read_text())["completion_method"] == COMPLETION_METHOD
