@@ -38,9 +38,13 @@ def capacity_search(args: argparse.Namespace, name: str, target: list[str]) -> d
     print("$ " + " ".join(cmd), flush=True)
     started = time.monotonic()
     subprocess.run(cmd, check=True)
-    records = json.loads((Path(args.results_dir) / name / "capacity.json").read_text())
-    record = next(r for r in records if r["slo_name"] == args.slo)
-    return {"wall_s": round(time.monotonic() - started, 1), **record}
+    return {"wall_s": round(time.monotonic() - started, 1), **search_record(args.results_dir, name, args.slo)}
+
+
+def search_record(results_dir: str, name: str, slo: str) -> dict:
+    """The capacity.json record of the search in experiment ``name`` for ``slo``."""
+    records = json.loads((Path(results_dir) / name / "capacity.json").read_text())
+    return next(r for r in records if r["slo_name"] == slo)
 
 
 def summarise(searches: dict[str, dict], within: float) -> dict:
@@ -48,7 +52,7 @@ def summarise(searches: dict[str, dict], within: float) -> dict:
     capacity = {name: s["capacity_qps"] for name, s in searches.items()}
     base = capacity["inprocess"]
     ratios = {name: round(c / base, 3) if base else None for name, c in capacity.items()}
-    tolerance = searches["url"]["tolerance"]
+    tolerance = searches["url"]["capacity"]["tolerance"]
     first, second = capacity["url"], capacity["url_repeat"]
     repeat_gap = abs(first - second) / max(first, second) if max(first, second) else 0.0
     return {
