@@ -100,6 +100,26 @@ def test_capacity_search_on_tiny_inprocess(tmp_path):
     assert json.loads((exp_dir / "capacity.json").read_text()) == [record]
 
 
+def search_on(monkeypatch, tmp_path, fake_run_point, overrides: list[str], unloaded_ms: float = 1.0) -> dict:
+    """capacity_search.run_search with ``fake_run_point`` measuring every point, a 100 ms SLO and an unloaded
+    TTFT of ``unloaded_ms``: the capacity record."""
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.schema import load_bench
+    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.loadgen.sweep import capacity_search as capacity
+
+    monkeypatch.setattr(capacity, "run_point", fake_run_point)
+    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {
+        "slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None})
+    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (
+        UnloadedTtft(unloaded_ms, 0.0), {"intercept_ms": unloaded_ms}))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["+experiment=capacity", *overrides, f"results_dir={tmp_path}"]))
+    return capacity.run_search(cfg, targets=None)
+
+
 def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
@@ -146,13 +166,6 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
 def test_a_steady_disturbance_is_measured_again_once_then_recorded(tmp_path, monkeypatch, capsys):
     """A server that takes every core beside its load generator disturbs every run: the search measures
     the first disturbed point again, sees it disturbed again, says so, and measures no later point twice."""
-    from hydra import compose, initialize_config_dir
-
-    from stallfree.engine.hydra_groups import CONF_DIR
-    from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.results.request_metrics import UnloadedTtft
-    from stallfree.loadgen.sweep import capacity_search as capacity
-
     calls = []
 
     def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
@@ -164,15 +177,7 @@ def test_a_steady_disturbance_is_measured_again_once_then_recorded(tmp_path, mon
                 "client_scheduling_delay_growth_ms": 0.0, "disturbed": True,
                 "disturbed_reason": "the load generator got 70% of the CPU it asked for"}
 
-    monkeypatch.setattr(capacity, "run_point", fake_run_point)
-    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {
-        "slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None})
-    monkeypatch.setattr(capacity, "cached_unloaded_ttft",
-                        lambda cfg, exp_dir, targets: (UnloadedTtft(20.0, 0.0), {"intercept_ms": 20.0}))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.tolerance=0.25",
-                                           f"results_dir={tmp_path}"]))
-    record = capacity.run_search(cfg, targets=None)
+    record = search_on(monkeypatch, tmp_path, fake_run_point, ["capacity.tolerance=0.25"], unloaded_ms=20.0)
     assert [qps for qps, rerun in calls if rerun] == [1.0]  # the first point only
     assert "still disturbed (the load generator got 70% of the CPU it asked for): a steady disturbance" \
         in capsys.readouterr().out
@@ -181,13 +186,6 @@ def test_a_steady_disturbance_is_measured_again_once_then_recorded(tmp_path, mon
 
 
 def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path, monkeypatch):
-    from hydra import compose, initialize_config_dir
-
-    from stallfree.engine.hydra_groups import CONF_DIR
-    from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.results.request_metrics import UnloadedTtft
-    from stallfree.loadgen.sweep import capacity_search as capacity
-
     sent = []
 
     def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
@@ -197,15 +195,8 @@ def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path
                 "peak_in_flight": 50, "median_client_scheduling_delay_ms": 0.0,
                 "client_scheduling_delay_growth_ms": 0.0}
 
-    monkeypatch.setattr(capacity, "run_point", fake_run_point)
-    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {"slo_name": "strict",
-                                                                                "slo_tbt_ms": 100.0})
-    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (UnloadedTtft(1.0, 0.0), {}))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.start_qps=4", "capacity.max_qps=8",
-                                           "capacity.max_requests=256", "capacity.min_duration_s=20",
-                                           f"results_dir={tmp_path}"]))
-    record = capacity.run_search(cfg, targets=None)
+    record = search_on(monkeypatch, tmp_path, fake_run_point, [
+        "capacity.start_qps=4", "capacity.max_qps=8", "capacity.max_requests=256", "capacity.min_duration_s=20"])
     # 4 x 50 in flight = 200 requests: 4 qps measured again with 200; 8 qps (160) with twice as many, capped
     assert sent == [(4.0, 80), (4.0, 200), (8.0, 160), (8.0, 256)]
     assert [p["passed"] for p in record["points"]] == [True, True] and record["capacity_display"].startswith(">= 8")
@@ -214,13 +205,6 @@ def test_a_point_too_short_for_its_concurrency_is_measured_again_longer(tmp_path
 def test_a_point_whose_in_flight_requests_grow_with_its_length_fails_as_a_backlog(tmp_path, monkeypatch):
     """A server falling behind keeps more requests in flight the longer the run: measured again longer, the
     point fails as a backlog instead of doubling its requests up to max_requests."""
-    from hydra import compose, initialize_config_dir
-
-    from stallfree.engine.hydra_groups import CONF_DIR
-    from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.results.request_metrics import UnloadedTtft
-    from stallfree.loadgen.sweep import capacity_search as capacity
-
     sent = []
 
     def fake_run_point(cfg, targets, capacity_slo=None, rerun=False, part=None, slo=None, unloaded_ttft=None):
@@ -231,15 +215,9 @@ def test_a_point_whose_in_flight_requests_grow_with_its_length_fails_as_a_backlo
                 "peak_in_flight": peak, "median_client_scheduling_delay_ms": 0.0,
                 "client_scheduling_delay_growth_ms": 0.0}
 
-    monkeypatch.setattr(capacity, "run_point", fake_run_point)
-    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {"slo_name": "strict",
-                                                                                "slo_tbt_ms": 100.0})
-    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (UnloadedTtft(1.0, 0.0), {}))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = load_bench(compose("bench", ["+experiment=capacity", "capacity.start_qps=2", "capacity.max_qps=8",
-                                           "capacity.tolerance=1.0", "num_requests=16",
-                                           "capacity.min_duration_s=8", f"results_dir={tmp_path}"]))
-    record = capacity.run_search(cfg, targets=None)
+    record = search_on(monkeypatch, tmp_path, fake_run_point, [
+        "capacity.start_qps=2", "capacity.max_qps=8", "capacity.tolerance=1.0", "num_requests=16",
+        "capacity.min_duration_s=8"])
     assert sent == [(2.0, 16), (4.0, 32), (4.0, 64)]  # 4 qps: 16 -> 32 in flight on a 2x longer run
     [passed, backlog] = record["points"]
     assert passed["passed"] and not backlog["passed"] and backlog["failed_rules"] == ["length", "backlog"]
