@@ -134,27 +134,34 @@ def _steady_window(sends: pd.Series) -> tuple[float, float]:
 
 
 # How completion_ratio is counted; a cached capacity point counted another way is measured again
-COMPLETION_METHOD = "ended ok in the steady window shifted by its median latency / the window's requests"
+COMPLETION_METHOD = ("ended ok per second in the steady window, each edge shifted by the median latency of the "
+                     "window's third there / the window's offered rate")
 
 
 def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame) -> tuple[float | None, float | None]:
-    """(completion rate, completion ratio) of the steady window: the requests that ended ok within the window
-    shifted by the median latency of its requests, whichever they were, per second of the window and over the
-    window's requests, at most 1. A server that keeps pace ends as many requests in the shifted window as
-    arrived in the window, however its latencies spread (a long one arriving late is balanced by one from
-    before the window ending in it); one that falls behind ends only its service rate's worth, however far
-    its latencies have grown. Rating the finishes by their own quantile span instead overstates a burst the
-    server absorbed at once, whose requests all finish together (a ratio far above 1)."""
+    """(completion rate, completion ratio) of the steady window: the requests that ended ok, whichever they
+    were, per second of the window with its start shifted by the median latency of its first third of
+    requests and its end by that of its last third, and that rate over the window's offered rate, at most 1.
+    A server that keeps pace ends requests as fast as they arrive, however its latencies spread: a burst of
+    arrivals at one edge, whose requests wait longer, moves that edge with them (one shift for both edges
+    counted their late finishes as missing). One that falls behind ends them at its service rate, however
+    far its latencies have grown. Where the shifted edges cross (latency falling faster than time passes),
+    both move by the window's median latency. Rating the finishes by their own quantile span instead
+    overstates a burst the server absorbed at once, whose requests all finish together."""
     if df["intended_send_time"].count() < 2:
         return None, None
     lo, hi = _steady_window(df["intended_send_time"])
     window = df[df["intended_send_time"].between(lo, hi)]
-    done = ok[ok["intended_send_time"].between(lo, hi)]
+    done = ok[ok["intended_send_time"].between(lo, hi)].sort_values("intended_send_time", kind="stable")
     if hi <= lo or window.empty or done.empty:
         return None, None
-    shift = float((done["finish_time"] - done["intended_send_time"]).median())
-    ended = int(ok["finish_time"].between(lo + shift, hi + shift).sum())
-    return ended / (hi - lo), min(1.0, ended / len(window))
+    latency = (done["finish_time"] - done["intended_send_time"]).to_numpy()
+    third = max(1, len(latency) // 3)
+    start, end = lo + float(np.median(latency[:third])), hi + float(np.median(latency[-third:]))
+    if end <= start:
+        start, end = lo + float(np.median(latency)), hi + float(np.median(latency))
+    rate = int(ok["finish_time"].between(start, end).sum()) / (end - start)
+    return rate, min(1.0, rate / (len(window) / (hi - lo)))
 
 
 def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
@@ -167,9 +174,9 @@ def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
 def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict:
     """Whether the server kept pace (``per_request_metrics`` rows): ``steady_offered_rate`` (requests/s
     between the STEADY_QUANTILES of the intended sends: the steady window), ``steady_completion_rate`` (the
-    requests that ended ok within the window shifted by the median latency of its requests, per second of
-    the window: a server that keeps pace ends as many as arrived) and ``completion_ratio`` (those over the
-    window's requests, at most 1, however the finishes bunch up); ``peak_in_flight``; ``arrival_window_s`` (last - first intended send). With ``unloaded``:
+    requests that ended ok per second of the window with each edge shifted by the latency there: a server
+    that keeps pace ends them as fast as they arrived) and ``completion_ratio`` (that over the window's
+    offered rate, at most 1, however the finishes bunch up); ``peak_in_flight``; ``arrival_window_s`` (last - first intended send). With ``unloaded``:
     the client-side scheduling delay of each ok request (TTFT - unloaded TTFT of its prompt length), its
     median ``median_client_scheduling_delay_ms`` and ``client_scheduling_delay_growth_ms``: the median over
     the last third of the steady window's requests (by intended send) minus the median over its first

@@ -210,3 +210,11 @@ def test_a_server_that_keeps_pace_with_widely_spread_latencies_reads_a_completio
     assert summarize(requests_frame(queue_rows(rate=1.0, service_s=0.5, n=120)))["completion_ratio"] >= 0.95
     assert summarize(requests_frame(queue_rows(rate=1.0, service_s=2.0, n=120)))["completion_ratio"] \
         == pytest.approx(0.5, abs=0.03)
+
+
+def test_a_burst_of_arrivals_at_the_end_of_the_steady_window_is_not_read_as_falling_behind():
+    # one request a second, served on its own in 7 s, but 16 arrive within the window's last 5 s and take
+    # 11 s: the server keeps pace; one median shift for both edges read 0.88, their late finishes missing
+    sends = [float(i) for i in range(50)] + [50 + i * 5 / 16 for i in range(16)] + [55.0 + i for i in range(10)]
+    rows = [row(f"r{i}", t, t, [t + 0.5, t + (11.0 if 50 <= t < 55 else 7.0)]) for i, t in enumerate(sends)]
+    assert summarize(requests_frame(rows))["completion_ratio"] >= 0.95
