@@ -9,7 +9,7 @@ each) under the same Poisson loads for ``sarathi`` and ``vllm``, and the simulat
 3. Simulated runs: the same config with ``runner=simulated clock=virtual`` and the stage cost models, on the
    same workloads (median of ``--sim-seeds`` seeds); the error of each against the real run.
 
-The machine is shared while it runs: figures are indicative (the JSON says so); rerun on a quiet machine.
+P99 TBT follows the machine's other load: say what else ran (``--conditions``), as the JSON records.
 
     python -m benchmarks.pipeline_fidelity [--quick] [--model small] [--qps 0.5,1,1.5]
 """
@@ -79,6 +79,8 @@ def main() -> int:
     ap.add_argument("--sim-seeds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a smoke run of a few minutes: short context, few requests")
     ap.add_argument("--out", default="benchmarks/results/pipeline_fidelity.json")
+    ap.add_argument("--conditions", default="not stated",
+                    help="what else ran on the machine meanwhile (recorded as given: P99 TBT follows its load)")
     args = ap.parse_args()
     if args.quick:
         args.max_model_len, args.qps, args.num_requests, args.profile_requests, args.sim_seeds = 512, "1,2", 10, 8, 1
@@ -120,8 +122,7 @@ def main() -> int:
               for m in ("bubble_fraction", "p99_tbt_ms")}
     result = {
         "command": " ".join(["python -m benchmarks.pipeline_fidelity", *sys.argv[1:]]),
-        "machine": cpu_description(), "indicative": "measured on a machine shared with other jobs: rerun on a "
-        "quiet machine before reading the errors as the simulator's", "quick": args.quick,
+        "machine": cpu_description(), "conditions": args.conditions, "quick": args.quick,
         "model": args.model, "pipeline_parallel_size": PP, "max_model_len": args.max_model_len,
         "num_requests": args.num_requests, "sim_seeds": args.sim_seeds, "stage_cost_models": str(cost_model_path),
         "runs": rows, "real_mean_bubble_fraction": mean_bubbles,
