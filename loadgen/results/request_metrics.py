@@ -138,7 +138,7 @@ COMPLETION_METHOD = ("ended ok per second in the steady window, each edge shifte
                      "window's third there / the window's offered rate")
 
 
-def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame) -> tuple[float | None, float | None]:
+def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame, lo: float, hi: float) -> tuple[float | None, float | None]:
     """(completion rate, completion ratio) of the steady window: the requests that ended ok, whichever they
     were, per second of the window with its start shifted by the median latency of its first third of
     requests and its end by that of its last third, and that rate over the window's offered rate, at most 1.
@@ -150,7 +150,6 @@ def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame) -> tuple[float | None
     overstates a burst the server absorbed at once, whose requests all finish together."""
     if df["intended_send_time"].count() < 2:
         return None, None
-    lo, hi = _steady_window(df["intended_send_time"])
     window = df[df["intended_send_time"].between(lo, hi)]
     done = ok[ok["intended_send_time"].between(lo, hi)].sort_values("intended_send_time", kind="stable")
     if hi <= lo or window.empty or done.empty:
@@ -183,7 +182,8 @@ def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict
     third, positive when a queue builds up."""
     ok = df[df["status"] == "ok"]
     sends = df["intended_send_time"]
-    offered, (completed, ratio) = _steady_rate(sends), _steady_completion(df, ok)
+    lo, hi = _steady_window(sends)
+    offered, (completed, ratio) = _steady_rate(sends), _steady_completion(df, ok, lo, hi)
     out = {"steady_offered_rate": offered, "steady_completion_rate": completed, "completion_ratio": ratio,
            "completion_method": COMPLETION_METHOD,
            "peak_in_flight": peak_in_flight(df["send_time"], df["finish_time"]),
@@ -192,7 +192,6 @@ def pace_summary(df: pd.DataFrame, unloaded: UnloadedTtft | None = None) -> dict
     if unloaded is None or ok.empty:
         return out
     delay = ok["ttft_ms"] - unloaded.at(ok["prompt_tokens"].astype(float))
-    lo, hi = _steady_window(sends)
     in_window = ok["intended_send_time"].between(lo, hi)
     steady = (ok.assign(delay=delay)[in_window].sort_values("intended_send_time", kind="stable")["delay"]
               .to_numpy())

@@ -130,8 +130,12 @@ def must_rerun(rerun: str, summary: dict) -> bool:
     return outdated or rerun == "all" or (rerun == "disturbed" and disturbed)
 
 
-def _read_summary(plan: RunPlan) -> dict:
-    return json.loads((plan.run_dir / "summary.json").read_text())
+def _kept_summary(plan: RunPlan, rerun: str) -> dict | None:
+    """The summary of the point's complete run when it stands (must_rerun says no), else None."""
+    if not is_complete(plan.run_dir):
+        return None
+    summary = json.loads((plan.run_dir / "summary.json").read_text())
+    return None if must_rerun(rerun, summary) else summary
 
 
 def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = None, rerun: bool = False,
@@ -146,8 +150,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
     if rerun:
         part = RunPart(part.done, {**part.extras, "rerun": 1})
     point = {key: plan.params[key] for key in ("scheduler", "chunk_size", "qps") if plan.params[key] is not None}
-    if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
-        summary = _read_summary(plan)
+    if (summary := _kept_summary(plan, cfg.rerun)) is not None:
         _report("cached", plan, summary)
         progress.run_ended(point, part, time.monotonic() - started, cached=True, summary=summary)
         return summary
@@ -181,9 +184,8 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **server_metrics_summary(replay.server_metrics, replay.records),
                **dataclasses.asdict(where)}
     with experiment_lock(plan.exp_dir):
-        if is_complete(plan.run_dir) and not must_rerun(cfg.rerun, _read_summary(plan)):
-            # a parallel job measured it first (a current summary): keep its run
-            summary = _read_summary(plan)
+        if (kept := _kept_summary(plan, cfg.rerun)) is not None:  # a parallel job measured it first: keep its run
+            summary = kept
         else:
             run_dir = write_run(plan.exp_dir, plan.run_id, config=plan.config, requests=replay.records,
                                 summary=summary, batches=replay.batches,
