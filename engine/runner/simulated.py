@@ -36,6 +36,6 @@ class SimulatedRunner:
         if self.clock is None:
             time.sleep(seconds)
         else:
-            self.clock.advance_to(self.clock() + seconds)
+            self.clock.advance_by(seconds)
         token_ids, randrange = self.token_ids, self.rng.randrange
         return ModelRunnerOutput({u.request_id: token_ids[randrange(len(token_ids))] for u in out.units if u.samples})

@@ -61,6 +61,7 @@ class SimulatedPipeline:
     def submit(self, output: SchedulerOutput, now: float) -> None:
         """Time the micro-batch; the clock moves on to when stage 0 can take the next one."""
         stage_s, send_s = self.stage_seconds(output)
+        stage_s, send_s = [self.clock.on_grid(s) for s in stage_s], self.clock.on_grid(send_s)
         self.iterations += 1
         split = self.operator_split(output) if self.op_split_every and \
             self.iterations % self.op_split_every == 0 else None

@@ -79,8 +79,9 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
     from stallfree.engine import SamplingParams
 
     first_batch = len(engine.batch_records)
-    t0 = engine.clock() + START_DELAY_S
-    records = [RequestRecord.unsent(spec, intended_send_time=t0 + spec.send_offset_s, is_warmup=i < warmup)
+    on_grid = engine.clock.on_grid  # a virtual clock's sends fall on its ticks, like its iterations' ends
+    t0 = on_grid(engine.clock() + START_DELAY_S)
+    records = [RequestRecord.unsent(spec, intended_send_time=t0 + on_grid(spec.send_offset_s), is_warmup=i < warmup)
                for i, spec in enumerate(specs)]
     in_flight: dict[str, RequestRecord] = {}
 

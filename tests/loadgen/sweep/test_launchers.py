@@ -41,9 +41,10 @@ def sweep_args(tmp_path_factory, tiny_path) -> list[str]:
 
 
 def approx_floats(value):
-    """Floats as pytest.approx (relative 1e-7), recursively: runs on a reused engine's clock differ in the
-    last bits, so rounding to fixed digits still split a value that straddled a rounding boundary. Absolute
-    1e-6: a difference of two clock readings (a client scheduling delay in ms) is near 0 with the clock's error."""
+    """Floats as pytest.approx (relative 1e-7), recursively. A reused engine's run starts later on the virtual
+    clock: its times are exact on the clock's ticks, but the steady window's rates interpolate quantiles of
+    those times and differ in the last bits (rounding to fixed digits would split a value straddling a
+    boundary). Absolute 1e-6: a value near 0 (a client scheduling delay growth in ms)."""
     if isinstance(value, float):
         return pytest.approx(value, rel=1e-7, abs=1e-6, nan_ok=True)
     if isinstance(value, dict):

@@ -57,6 +57,31 @@ def test_inprocess_replay_records_ok_and_timed_out_requests(tiny_engine, tmp_pat
     assert not tiny_engine.has_unfinished()
 
 
+def relative_times(records) -> list[tuple]:
+    return [(r.first_token_time - r.intended_send_time, r.finish_time - r.intended_send_time,
+             tuple(t - r.intended_send_time for t in r.token_times)) for r in records]
+
+
+def test_a_simulated_replay_gives_the_same_times_whatever_the_virtual_clock_read_before(tmp_path):
+    """Round cost-model coefficients and a constant 64 QPS end some iterations exactly as a request arrives: a
+    reused engine, its clock started later, must admit that request as a fresh one does (in plain floats the
+    last bits of the start decided it, and the rest of the schedule followed)."""
+    from stallfree.engine import CostModel, LLMEngine
+
+    cost_model = tmp_path / "round.json"
+    CostModel(coefficients={"intercept": 0.004, "num_prefill_tokens": 5e-5, "num_decode_seqs": 5e-4}).save(cost_model)
+    specs = build_workload({"kind": "constant", "qps": 64}, {"kind": "fixed", "prompt": 64, "output": 16}, 200, 0,
+                           1000)
+    runs = []
+    for origin_runs in (0, 1):
+        engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual", cost_model=str(cost_model))
+        for _ in range(origin_runs):  # a run before moves the clock on, as the basic sweep launcher's reuse does
+            replay(engine, specs[:7])
+        runs.append(replay(engine, specs).records)
+    assert runs[1][0].intended_send_time > runs[0][0].intended_send_time
+    assert relative_times(runs[1]) == relative_times(runs[0])
+
+
 def test_targets_package_does_not_load_torch():
     import subprocess
     import sys
