@@ -4,6 +4,7 @@ each) under the same Poisson loads for ``sarathi`` and ``vllm``, and the simulat
 1. Profile: the real PP2 engine runs random requests under both policies, prompts up to ``max_model_len``
    (whole-prompt prefills of every size ``vllm`` schedules, not only the speed check's), and a cost model per
    stage is fitted on the stages' busy seconds of its BatchRecords (engine/simulator/fitted_pipeline.py).
+   Each real run records its stages' busy time over that prediction (``stage_actual_over_predicted``).
 2. Real runs: Poisson arrivals of arXiv-summarization lengths (scaled as in the demo) at each ``--qps``, per
    policy: the pipeline bubble fraction (the stages' idle share while the engine had work) and P99 TBT.
 3. Simulated runs: the same config with ``runner=simulated clock=virtual`` and the stage cost models, on the
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.device import cpu_description
+from stallfree.engine.fitting.cost_model import COUNTS, IterationFeatures, iteration_kind
 from stallfree.engine.fitting.profile import feed_requests, random_requests
 from stallfree.engine.simulator.fitted_pipeline import StageCostModels
 from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
@@ -39,12 +41,31 @@ PP = 2
 TOLERANCE_PCT = 15.0  # the issue's target: simulated within 15% of real
 
 
-def metrics(engine: LLMEngine, specs: list) -> dict:
+def stage_actual_over_predicted(batches: list[dict], models: StageCostModels) -> dict[str, list[float | None]]:
+    """Per iteration kind, each stage's median busy seconds over its cost model's prediction in this run: a
+    diagnostic of where the simulated stages run long or short, never fed back into the simulation."""
+    ratios: dict[str, list[list[float]]] = {}
+    for row in batches:
+        features = IterationFeatures(*(row[name] for name in COUNTS))
+        per_stage = ratios.setdefault(iteration_kind(features), [[] for _ in models.stages])
+        for stage, (model, busy) in enumerate(zip(models.stages, row["stage_busy_s"], strict=True)):
+            if (predicted := model.predict(features)) > 0:
+                per_stage[stage].append(busy / predicted)
+    return {kind: [round(statistics.median(r), 3) if r else None for r in per_stage]
+            for kind, per_stage in sorted(ratios.items())}
+
+
+def metrics(engine: LLMEngine, specs: list, models: StageCostModels | None = None) -> dict:
+    """The run's P99 TBT, bubble fraction, throughput and completions; with ``models`` (a real run), each
+    stage's actual over predicted time (stage_actual_over_predicted)."""
     result = replay(engine, specs, warmup=2)
     summary = summarize(requests_frame(result.records))
     bubbles = pipeline_summary(result.batches)
-    return {"p99_tbt_ms": summary["p99_tbt_ms"], "bubble_fraction": bubbles["pipeline_bubble_fraction"],
-            "output_throughput": summary["output_throughput"], "completed": summary["completed"]}
+    out = {"p99_tbt_ms": summary["p99_tbt_ms"], "bubble_fraction": bubbles["pipeline_bubble_fraction"],
+           "output_throughput": summary["output_throughput"], "completed": summary["completed"]}
+    if models is not None:
+        out["stage_actual_over_predicted"] = stage_actual_over_predicted(result.batches, models)
+    return out
 
 
 def profile(engine: LLMEngine, num_requests: int, max_output: int, seed: int) -> list:
@@ -102,7 +123,7 @@ def main() -> int:
                 specs = build_workload({"kind": "poisson", "qps": qps}, ARXIV_SCALED, args.num_requests, 0,
                                        real_engine.vocab_size, args.max_model_len)
                 real_engine.reconfigure_scheduler(policy=policy, chunk_size=chunk_size)
-                real = metrics(real_engine, specs)
+                real = metrics(real_engine, specs, models)
                 sims = [metrics(LLMEngine.from_kwargs(**base, runner="simulated", clock="virtual", seed=seed,
                                                       cost_model=str(cost_model_path), scheduler=policy,
                                                       chunk_size=chunk_size), specs)

@@ -128,17 +128,20 @@ class CostModel:
         return [self.coefficients.get(name, 0.0) for name in FEATURES]
 
     @classmethod
-    def fit(cls, records: list[BatchRecord], *, seed: int = 0, fitted_on: dict | None = None) -> CostModel:
-        """Fit on ``records``; the held-out error comes from a fit on the other records (a seeded split)."""
+    def fit(cls, records: list[BatchRecord], *, seed: int = 0, fitted_on: dict | None = None,
+            relative: bool = False) -> CostModel:
+        """Fit on ``records``; the held-out error comes from a fit on the other records (a seeded split).
+        ``relative``: least squares of the relative error (each iteration weighted by 1 / its time), so that
+        short decode iterations weigh as much as whole-prompt prefills 100x longer; absolute seconds otherwise."""
         if len(records) < 2 * len(FEATURES):
             raise ValueError(f"fitting a cost model needs at least {2 * len(FEATURES)} BatchRecords, "
                              f"got {len(records)}")
         shuffled = random.Random(seed).sample(records, len(records))
         num_holdout = max(1, int(len(records) * HOLDOUT_FRACTION))
         holdout, train = shuffled[:num_holdout], shuffled[num_holdout:]
-        held_out_errors = _relative_errors(_least_squares(train), holdout)
-        kept = _undisturbed(_least_squares(records), records)
-        coefficients = _least_squares(kept)
+        held_out_errors = _relative_errors(_least_squares(train, relative), holdout)
+        kept = _undisturbed(_least_squares(records, relative), records)
+        coefficients = _least_squares(kept, relative)
         predicted = [(iteration_kind(r), p, _seconds(r) / p) for r in kept if (p := _predict(coefficients, r)) > 0]
         buckets = {kind: _residual_buckets(sorted((p, ratio) for k, p, ratio in predicted if k == kind)
                                            or sorted((p, ratio) for _, p, ratio in predicted))
@@ -146,6 +149,7 @@ class CostModel:
         return cls(coefficients=coefficients, residual_quantiles={k: q for k, (_, q) in buckets.items()},
                    residual_bounds_s={k: b for k, (b, _) in buckets.items()},
                    fitted_on={**(fitted_on or {}), "num_records": len(records),
+                              "least_squares": "relative" if relative else "absolute",
                               "num_disturbed": len(records) - len(kept), "version": COST_MODEL_VERSION},
                    holdout_error={"num_iterations": len(holdout),
                                   "median_abs_pct": round(float(held_out_errors.abs().median()) * 100, 2),
@@ -231,11 +235,14 @@ def _relative_errors(coefficients: dict[str, float], records: list[BatchRecord])
     return torch.tensor([_predict(coefficients, r) / _seconds(r) - 1 for r in records], dtype=torch.float64)
 
 
-def _least_squares(records: list[BatchRecord]) -> dict[str, float]:
+def _least_squares(records: list[BatchRecord], relative: bool = False) -> dict[str, float]:
     """Least squares with no negative per-unit cost: a feature whose coefficient comes out negative (noise,
-    on a model whose iterations are mostly overhead) is dropped and the rest refitted."""
+    on a model whose iterations are mostly overhead) is dropped and the rest refitted. ``relative``: of the
+    relative error (rows divided by the iteration's time)."""
     x = torch.tensor([IterationFeatures.of(r).row() for r in records], dtype=torch.float64)
     y = torch.tensor([[_seconds(r)] for r in records], dtype=torch.float64)
+    if relative:
+        x, y = x / y, torch.ones_like(y)
     active = list(range(len(FEATURES)))
     while True:
         coef = torch.linalg.lstsq(x[:, active], y, driver="gelsd").solution.flatten()

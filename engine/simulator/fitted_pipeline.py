@@ -27,12 +27,15 @@ class StageCostModels:
 
     @classmethod
     def fit(cls, records: list[BatchRecord], *, seed: int = 0, fitted_on: dict | None = None) -> StageCostModels:
-        """One cost model per stage, fitted on each record's busy seconds in that stage."""
+        """One cost model per stage, fitted on each record's busy seconds in that stage, by least squares of the
+        relative error: on absolute seconds the whole-prompt prefills (seconds long) set the intercept, and the
+        short decode stages of a PP2 run of ``small`` ran at 0.42-0.80x of the prediction (docs/performance.md,
+        Pipeline fidelity)."""
         num_stages = {len(r.stage_busy_s) for r in records}
         if len(num_stages) != 1 or 0 in num_stages:
             raise ValueError(f"fitting stage cost models needs records of one pipeline, got stage counts {num_stages}")
         stages = [CostModel.fit([dataclasses.replace(r, start_time=0.0, end_time=r.stage_busy_s[stage])
-                                 for r in records], seed=seed, fitted_on=fitted_on)
+                                 for r in records], seed=seed, fitted_on=fitted_on, relative=True)
                   for stage in range(num_stages.pop())]
         return cls(stages, fitted_on or {})
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.fitting.cost_model import IterationFeatures
+from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.engine.outputs import BatchRecord
 from stallfree.engine.simulator.fitted_pipeline import StageCostModels
@@ -36,6 +36,25 @@ def test_each_stage_is_fitted_on_its_own_busy_seconds(tmp_path):
     assert StageCostModels.load(tmp_path / "stages.json") == models
     with pytest.raises(ValueError, match="one pipeline"):
         StageCostModels.fit([dataclasses.replace(r, stage_busy_s=[]) for r in records()])
+
+
+def prefill_seconds(tokens: int) -> float:
+    """Superlinear in the prompt, with no attention work recorded: a cost the features cannot express."""
+    return 0.03 + 1e-3 * tokens + 3e-7 * tokens * tokens
+
+
+def test_stage_models_fit_the_relative_error_so_short_stages_are_not_lost_to_long_prefills():
+    prefills = [dataclasses.replace(r, num_prefill_tokens=128 * (1 + r.iteration % 16), num_decode_tokens=0,
+                                    num_decode_seqs=0, prefill_attention_work=0, decode_context_tokens=0,
+                                    stage_busy_s=[prefill_seconds(128 * (1 + r.iteration % 16))] * 2)
+                for r in records(48)]
+    short = IterationFeatures(128, 0, 0, 0)
+    absolute = CostModel.fit([dataclasses.replace(r, end_time=r.stage_busy_s[0]) for r in prefills])
+    models = StageCostModels.fit(prefills)
+    assert absolute.predict(short) < 0.5 * prefill_seconds(128)  # the 2,048-token prefills set the line
+    for model in models.stages:
+        assert model.fitted_on["least_squares"] == "relative"
+        assert model.predict(short) == pytest.approx(prefill_seconds(128), rel=0.15)
 
 
 def simulated(path, policy: str, pp: int = 2, clock: str = "virtual") -> LLMEngine:
