@@ -17,6 +17,7 @@ P99 TBT follows the machine's other load: say what else ran (``--conditions``), 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -26,9 +27,9 @@ from pathlib import Path
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.device import cpu_description
-from stallfree.engine.fitting.cost_model import COUNTS, IterationFeatures, iteration_kind
 from stallfree.engine.fitting.profile import feed_requests, random_requests
-from stallfree.engine.simulator.fitted_pipeline import StageCostModels
+from stallfree.engine.fitting.speed_check import measure_speed
+from stallfree.engine.simulator.fitted_pipeline import StageCostModels, stage_records
 from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
@@ -41,30 +42,25 @@ PP = 2
 TOLERANCE_PCT = 15.0  # the issue's target: simulated within 15% of real
 
 
-def stage_actual_over_predicted(batches: list[dict], models: StageCostModels) -> dict[str, list[float | None]]:
-    """Per iteration kind, each stage's median busy seconds over its cost model's prediction in this run: a
-    diagnostic of where the simulated stages run long or short, never fed back into the simulation."""
-    ratios: dict[str, list[list[float]]] = {}
-    for row in batches:
-        features = IterationFeatures(*(row[name] for name in COUNTS))
-        per_stage = ratios.setdefault(iteration_kind(features), [[] for _ in models.stages])
-        for stage, (model, busy) in enumerate(zip(models.stages, row["stage_busy_s"], strict=True)):
-            if (predicted := model.predict(features)) > 0:
-                per_stage[stage].append(busy / predicted)
-    return {kind: [round(statistics.median(r), 3) if r else None for r in per_stage]
-            for kind, per_stage in sorted(ratios.items())}
+def stage_actual_over_predicted(records: list, models: StageCostModels) -> list[dict]:
+    """Each stage's speed check over this run's iterations (engine/fitting/speed_check.py: per kind, the median
+    busy time over its cost model's prediction, and how many iterations): a diagnostic of where the simulated
+    stages run long or short, never fed back into the simulation."""
+    return [dataclasses.asdict(measure_speed(stage_records(records, stage), model))
+            for stage, model in enumerate(models.stages)]
 
 
 def metrics(engine: LLMEngine, specs: list, models: StageCostModels | None = None) -> dict:
     """The run's P99 TBT, bubble fraction, throughput and completions; with ``models`` (a real run), each
     stage's actual over predicted time (stage_actual_over_predicted)."""
+    first = len(engine.batch_records)
     result = replay(engine, specs, warmup=2)
     summary = summarize(requests_frame(result.records))
     bubbles = pipeline_summary(result.batches)
     out = {"p99_tbt_ms": summary["p99_tbt_ms"], "bubble_fraction": bubbles["pipeline_bubble_fraction"],
            "output_throughput": summary["output_throughput"], "completed": summary["completed"]}
     if models is not None:
-        out["stage_actual_over_predicted"] = stage_actual_over_predicted(result.batches, models)
+        out["stage_actual_over_predicted"] = stage_actual_over_predicted(engine.batch_records[first:], models)
     return out
 
 

@@ -20,6 +20,11 @@ from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.simulator.simulated_pipeline import SimulatedPipeline
 
 
+def stage_records(records: list[BatchRecord], stage: int) -> list[BatchRecord]:
+    """``records`` timed by stage ``stage``'s busy seconds alone: what that stage's cost model fits and predicts."""
+    return [dataclasses.replace(r, start_time=0.0, end_time=r.stage_busy_s[stage]) for r in records]
+
+
 @dataclass
 class StageCostModels:
     stages: list[CostModel]
@@ -34,8 +39,7 @@ class StageCostModels:
         num_stages = {len(r.stage_busy_s) for r in records}
         if len(num_stages) != 1 or 0 in num_stages:
             raise ValueError(f"fitting stage cost models needs records of one pipeline, got stage counts {num_stages}")
-        stages = [CostModel.fit([dataclasses.replace(r, start_time=0.0, end_time=r.stage_busy_s[stage])
-                                 for r in records], seed=seed, fitted_on=fitted_on, relative=True)
+        stages = [CostModel.fit(stage_records(records, stage), seed=seed, fitted_on=fitted_on, relative=True)
                   for stage in range(num_stages.pop())]
         return cls(stages, fitted_on or {})
 
