@@ -7,10 +7,14 @@ allocations, ctypes arguments): 2.2 ms of a 24.4 ms `small` decode step at batch
 what the same Python takes with no kernel in between (docs/performance.md). The kernel calls the same
 kernels in the same order on the same buffers, so the logits are the same bits; only the Python between
 them is gone. Any other backend (a wrapped one included: the op-split sampler's timer) runs the modules.
+
+Under tensor parallelism (o_proj and down_proj in AllReduceOutput) each layer is two native calls, split where
+the modules all-reduce: attention up to o_proj, the all-reduce, the MLP up to down_proj, the all-reduce.
 """
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,6 +24,7 @@ from stallfree.engine.attention.metadata import AttentionMetadata
 from stallfree.engine.model.amx_linear import AmxLinear
 from stallfree.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from stallfree.engine.model.native_ops import NativeApplyRotary, NativeRMSNorm
+from stallfree.engine.model.tensor_parallel import AllReduceOutput
 from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -42,35 +47,49 @@ class FusedStepArgs(ctypes.Structure):
                 ("num_threads", ctypes.c_int)]
 
 
+def row_parallel(projection: nn.Module) -> tuple[nn.Module, bool, Any]:
+    """A row-parallel projection's linear, whether its output is all-reduced, and over which group."""
+    if type(projection) is AllReduceOutput:
+        return projection.linear, True, projection.group
+    return projection, False, None
+
+
 def can_fuse(layer: DecoderLayer) -> bool:
-    """Every part of ``layer`` is one the native layer runs."""
+    """Every part of ``layer`` is one the native layer runs; o_proj and down_proj are both sharded (all-reduced
+    over the same group) or neither is."""
     attn, mlp = layer.self_attn, layer.mlp
-    plain = [attn.qkv_proj, attn.o_proj, mlp.down_proj]
-    return (all(type(norm) is NativeRMSNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm))
+    (o_proj, *o_reduce), (down_proj, *down_reduce) = row_parallel(attn.o_proj), row_parallel(mlp.down_proj)
+    plain = [attn.qkv_proj, o_proj, down_proj]
+    return (o_reduce == down_reduce
+            and all(type(norm) is NativeRMSNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm))
             and layer.input_layernorm.eps == layer.post_attention_layernorm.eps
             and type(attn.rotary) is NativeApplyRotary and type(mlp.act) is nn.Identity
             and all(type(linear) is AmxLinear and not linear.silu_and_mul for linear in plain)
             and type(mlp.gate_up_proj) is AmxLinear and mlp.gate_up_proj.silu_and_mul
-            and attn.o_proj.bias is None and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None)
+            and o_proj.bias is None and mlp.gate_up_proj.bias is None and down_proj.bias is None)
 
 
 def layer_args(layer: DecoderLayer) -> FusedLayerArgs:
     attn, mlp = layer.self_attn, layer.mlp
+    (o_proj, *_), (down_proj, *_) = row_parallel(attn.o_proj), row_parallel(mlp.down_proj)
     bias = attn.qkv_proj.bias
     return FusedLayerArgs(
-        attn.o_proj.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.down_proj.in_features,
+        o_proj.out_features, attn.num_heads, attn.num_kv_heads, attn.head_dim, down_proj.in_features,
         layer.input_layernorm.eps, layer.input_layernorm.weight.data_ptr(),
         layer.post_attention_layernorm.weight.data_ptr(), attn.qkv_proj.packed_weight.data_ptr(),
-        None if bias is None else bias.data_ptr(), attn.o_proj.packed_weight.data_ptr(),
-        mlp.gate_up_proj.packed_weight.data_ptr(), mlp.down_proj.packed_weight.data_ptr())
+        None if bias is None else bias.data_ptr(), o_proj.packed_weight.data_ptr(),
+        mlp.gate_up_proj.packed_weight.data_ptr(), down_proj.packed_weight.data_ptr())
 
 
 class FusedLlamaForCausalLM(LlamaForCausalLM):
     """The model with ``run_layers`` in native calls. ``fused = False`` runs the layers' modules instead
-    (e.g. to time them one by one, as benchmarks/decode_step.py does)."""
+    (e.g. to time them one by one, as benchmarks/decode_step.py does). ``tp_reduced``: the layers are
+    tensor-parallel shards, whose halves' outputs are all-reduced over ``tp_group``."""
 
     fused_args: list[FusedLayerArgs]
     fused: bool
+    tp_reduced: bool
+    tp_group: Any
 
     def run_layers(self, x, cos_sin, attn_backend, kv_caches, meta: AttentionMetadata,
                    residual: torch.Tensor | None = None):
@@ -89,11 +108,18 @@ class FusedLlamaForCausalLM(LlamaForCausalLM):
                              meta.query_start_loc.data_ptr(), meta.seq_lens.data_ptr(), tables.stride(0),
                              meta.seq_lens.shape[0], num_blocks, block_size, attn_backend.scale, qkv.data_ptr(),
                              attn.data_ptr(), act.data_ptr(), torch.get_num_threads())
-        kernel, step_ref = load_cpu_kernels().decoder_layer_bf16, ctypes.byref(step)
+        kernels, step_ref = load_cpu_kernels(), ctypes.byref(step)
         for i, (args, (k_cache, v_cache)) in enumerate(zip(self.fused_args, kv_caches, strict=True)):
-            if kernel(ctypes.byref(args), step_ref, x.data_ptr(), residual.data_ptr(), k_cache.data_ptr(),
-                      v_cache.data_ptr(), int(i == 0 and first_layer)) != 0:
-                raise RuntimeError("the native decoder layer cannot run here (AMX or the head dim)")
+            args_ref, buffers = ctypes.byref(args), (x.data_ptr(), residual.data_ptr())
+            cache = (k_cache.data_ptr(), v_cache.data_ptr(), int(i == 0 and first_layer))
+            if not self.tp_reduced:
+                failed = kernels.decoder_layer_bf16(args_ref, step_ref, *buffers, *cache)
+            elif not (failed := kernels.decoder_layer_attention_bf16(args_ref, step_ref, *buffers, *cache)):
+                torch.distributed.all_reduce(x, group=self.tp_group)
+                failed = kernels.decoder_layer_mlp_bf16(args_ref, step_ref, *buffers)
+                torch.distributed.all_reduce(x, group=self.tp_group)
+            if failed:
+                raise RuntimeError("the native decoder layer cannot run here (the head dim)")
         return x, residual
 
 
@@ -103,3 +129,4 @@ def fuse_layers(model: LlamaForCausalLM) -> None:
         model.__class__ = FusedLlamaForCausalLM
         model.fused_args = [layer_args(layer) for layer in model.layers]
         model.fused = True
+        _, model.tp_reduced, model.tp_group = row_parallel(model.layers[0].self_attn.o_proj)

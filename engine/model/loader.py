@@ -118,7 +118,7 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, de
     # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
     model.rotary = type(model.rotary)(cfg, max_len)
     model = model.to(device=device, dtype=dtype).eval()
-    if tp is not None:  # the native fused layer needs a plain o_proj and down_proj: sharded layers run unfused
+    if tp is not None:  # before packing: the AMX linears take the sharded weights inside the all-reduces
         reduce_row_parallel(model, tp)
     if can_pack(device, dtype):
         # AMX where the shape tiles: in the model, faster than oneDNN at decode steps and as fast at prefill

@@ -5,6 +5,8 @@ import sys
 import pytest
 import torch
 
+from tests.helpers.amx import use_amx_linears
+
 # Modules that define Triton kernels: ``@triton.jit`` reads TRITON_INTERPRET when a module is imported.
 TRITON_KERNEL_MODULES = ("stallfree.engine.attention.triton_kernel", "stallfree.engine.model.triton_layer_kernels")
 
@@ -41,3 +43,10 @@ def triton_device(monkeypatch):
     yield torch.device("cpu")
     for name in TRITON_KERNEL_MODULES:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def amx_linears(monkeypatch):
+    """bf16 CPU models built in this test use AmxLinear and the native decoder layer, on AMX or, where the CPU
+    has none, on the kernel's reference loop (tests/helpers/amx.py)."""
+    use_amx_linears(monkeypatch)

@@ -30,11 +30,14 @@ struct StepArgs {
   int num_threads;
 };
 
-// x: the previous layer's output, or for the first layer (first = 1) the embeddings; residual: the residual
-// stream before x (unset for the first layer). Afterwards x holds this layer's output and residual the stream
-// before it: the next layer's norm adds them, as DecoderLayer.forward returns them.
-extern "C" int decoder_layer_bf16(const LayerArgs* l, const StepArgs* s, uint16_t* x, uint16_t* residual,
-                                  uint16_t* k_cache, uint16_t* v_cache, int first) {
+// The layer in two halves, split where tensor parallelism all-reduces (engine/model/fused_layers.py): each
+// ends with a row-parallel projection whose output in x is, on a rank of a TP group, a partial sum.
+//
+// Attention: x is the previous layer's output, or for the first layer (first = 1) the embeddings; residual the
+// residual stream before x (unset for the first layer). Afterwards x holds o_proj's output and residual the
+// stream before it.
+extern "C" int decoder_layer_attention_bf16(const LayerArgs* l, const StepArgs* s, uint16_t* x, uint16_t* residual,
+                                            uint16_t* k_cache, uint16_t* v_cache, int first) {
   const int64_t T = s->tokens, D = l->head_dim, q_size = l->num_heads * D, kv_size = l->num_kv_heads * D;
   const int64_t width = q_size + 2 * kv_size;
   const int threads = s->num_threads;
@@ -49,8 +52,22 @@ extern "C" int decoder_layer_bf16(const LayerArgs* l, const StepArgs* s, uint16_
                            s->seq_lens, s->num_seqs, s->attn, l->num_heads, l->num_kv_heads, D, s->num_blocks,
                            s->block_size, s->scale, threads) != 0)
     return 1;
-  linear_amx_bf16(s->attn, T, q_size, l->o, l->hidden, nullptr, 0, x, threads);
+  return linear_amx_bf16(s->attn, T, q_size, l->o, l->hidden, nullptr, 0, x, threads);
+}
+
+// MLP: x is (the all-reduced) o_proj output. Afterwards x holds down_proj's output and residual the stream
+// before it: the next layer's norm adds them, as DecoderLayer.forward returns them.
+extern "C" int decoder_layer_mlp_bf16(const LayerArgs* l, const StepArgs* s, uint16_t* x, uint16_t* residual) {
+  const int64_t T = s->tokens;
+  const int threads = s->num_threads;
   rms_norm_bf16(x, l->hidden, residual, x, l->post_norm, T, l->hidden, l->eps, 1, threads);
   linear_amx_bf16(x, T, l->hidden, l->gate_up, 2 * l->intermediate, nullptr, 1, s->act, threads);
   return linear_amx_bf16(s->act, T, l->intermediate, l->down, l->hidden, nullptr, 0, x, threads);
+}
+
+// The whole layer in one call, where no all-reduce sits between the halves.
+extern "C" int decoder_layer_bf16(const LayerArgs* l, const StepArgs* s, uint16_t* x, uint16_t* residual,
+                                  uint16_t* k_cache, uint16_t* v_cache, int first) {
+  if (decoder_layer_attention_bf16(l, s, x, residual, k_cache, v_cache, first) != 0) return 1;
+  return decoder_layer_mlp_bf16(l, s, x, residual);
 }

@@ -8,9 +8,15 @@
 //
 // Packed layout: for each 32-column panel p, for each 32-deep slice k of K, two tiles (columns
 // p*32 .. +16 and p*32+16 .. +16), each 16 rows (pairs of K) x 16 columns x 2 (the pair).
+//
+// Without AMX the same entry point runs `reference`: the same layout, epilogues and roundings, the sums in a
+// plain fp32 loop. The engine never picks it there (linear_amx_available() is 0, and oneDNN is faster); tests
+// force it so that what is built on the AMX linears (the native decoder layer and its tensor-parallel split)
+// runs on any CPU.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -51,6 +57,45 @@ void pack(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
             for (int64_t j = 0; j < 2; ++j)
               tile[(pair * 16 + col) * 2 + j] = w[(p * PANEL + half * 16 + col) * K + k * DEPTH + pair * 2 + j];
       }
+}
+
+// y = x . W^T read from the packed tiles, the sums in fp32, each row's output through the kernel's epilogue.
+void reference(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N, const uint16_t* bias,
+               Epilogue epilogue, void* y, int num_threads) {
+  using attention_tiles::store_scalar;
+  using attention_tiles::to_float;
+  const auto rounded = [](float v) { uint16_t b; store_scalar(&b, v); return to_float(b); };
+  const int64_t depth = K / DEPTH;
+#pragma omp parallel for num_threads(num_threads)
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<float> row(N);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t p = n / PANEL, half = n % PANEL / 16, col = n % 16;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < depth; ++k) {
+        const uint16_t* tile = packed + ((p * depth + k) * 2 + half) * TILE;
+        for (int64_t pair = 0; pair < 16; ++pair)
+          for (int64_t j = 0; j < 2; ++j)
+            sum += to_float(x[m * K + k * DEPTH + pair * 2 + j]) * to_float(tile[(pair * 16 + col) * 2 + j]);
+      }
+      row[n] = sum + (bias ? to_float(bias[n]) : 0.0f);
+    }
+    for (int64_t p = 0; p < N / PANEL; ++p)
+      for (int64_t col = 0; col < 16; ++col) {
+        const int64_t lo = p * PANEL + col, hi = lo + 16;
+        if (epilogue == SILU_AND_MUL) {  // as the AMX epilogue rounds: the projection, silu, the product
+          const float gate = rounded(row[lo]), up = rounded(row[hi]);
+          const float silu = rounded(gate / (1.0f + std::exp(std::min(-gate, 87.0f))));
+          store_scalar(static_cast<uint16_t*>(y) + m * (N / 2) + p * 16 + col, silu * up);
+        } else if (epilogue == FLOAT) {
+          static_cast<float*>(y)[m * N + lo] = rounded(row[lo]);
+          static_cast<float*>(y)[m * N + hi] = rounded(row[hi]);
+        } else {
+          store_scalar(static_cast<uint16_t*>(y) + m * N + lo, row[lo]);
+          store_scalar(static_cast<uint16_t*>(y) + m * N + hi, row[hi]);
+        }
+      }
+  }
 }
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
@@ -157,12 +202,15 @@ extern "C" int linear_amx_pack(const uint16_t* w, int64_t N, int64_t K, uint16_t
   return 0;
 }
 
-// 0 on success, 1 where linear_amx_available() is 0. epilogue: an Epilogue; y: bf16, or fp32 for FLOAT.
+// 0 on success. epilogue: an Epilogue; y: bf16, or fp32 for FLOAT. Where linear_amx_available() is 0: `reference`.
 extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
                                const uint16_t* bias, int epilogue, void* y, int num_threads) {
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-  if (!attention_tiles::amx_permitted()) return 1;
   const Epilogue kind = static_cast<Epilogue>(epilogue);
+  if (linear_amx_available() == 0) {
+    reference(x, M, K, packed, N, bias, kind, y, num_threads);
+    return 0;
+  }
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
   const int64_t num_panels = N / PANEL, out_features = kind == SILU_AND_MUL ? N / 2 : N;
   const int64_t out_bytes = kind == FLOAT ? sizeof(float) : sizeof(uint16_t);
   std::vector<uint16_t> padded;
@@ -183,9 +231,6 @@ extern "C" int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const ui
              first, last);
     }
   }
-  return 0;
-#else
-  (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)epilogue; (void)y; (void)num_threads;
-  return 1;
 #endif
+  return 0;
 }

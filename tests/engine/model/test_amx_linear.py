@@ -1,5 +1,6 @@
 """AmxLinear (the native AMX kernel, weights packed in tile order) computes what a bf16 nn.Linear computes,
-and bf16 CPU models use it where the CPU has AMX and the shape tiles."""
+and bf16 CPU models use it where the CPU has AMX and the shape tiles. Where the CPU has no AMX the kernel runs
+its reference loop on the same packed weights, so the layout, epilogues and roundings are checked on any CPU."""
 import pytest
 import torch
 from torch import nn
@@ -9,8 +10,6 @@ from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.llama import MLP, SiluAndMul
 
 CPU = torch.device("cpu")
-needs_amx = pytest.mark.skipif(not amx_available(), reason="no AMX on this CPU (or Linux refuses its tile state)")
-
 
 def reference(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """In fp32, rounded once: a bf16 nn.Linear rounds the product before it adds the bias."""
@@ -18,7 +17,6 @@ def reference(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return nn.functional.linear(x.float(), linear.weight.float(), bias).to(torch.bfloat16)
 
 
-@needs_amx
 @pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 100])
 @pytest.mark.parametrize("bias", [False, True])
 def test_amx_linear_matches_linear(rows, bias):
@@ -30,7 +28,6 @@ def test_amx_linear_matches_linear(rows, bias):
     torch.testing.assert_close(out, reference(linear, x))  # bf16 tolerances: the fp32 sums' order differs
 
 
-@needs_amx
 @pytest.mark.parametrize("in_features", [512, 2048])  # the kernel's sliced (K <= 1024) and unsliced paths
 @pytest.mark.parametrize("rows", [70, 600])  # 600: two passes over the weight (512 rows, then 88 padded to 96)
 def test_amx_linear_matches_linear_on_deep_inputs_of_many_rows(in_features, rows):
@@ -40,7 +37,6 @@ def test_amx_linear_matches_linear_on_deep_inputs_of_many_rows(in_features, rows
     torch.testing.assert_close(AmxLinear(linear)(x), reference(linear, x))
 
 
-@needs_amx
 @pytest.mark.parametrize("rows", [1, 33, 600])
 def test_float_output_is_the_bf16_output_in_fp32(rows):
     torch.manual_seed(0)
@@ -51,7 +47,6 @@ def test_float_output_is_the_bf16_output_in_fp32(rows):
     assert torch.equal(out, AmxLinear(linear)(x).float())
 
 
-@needs_amx
 def test_amx_linear_takes_any_leading_shape_and_strides():
     torch.manual_seed(0)
     linear = nn.Linear(64, 32, dtype=torch.bfloat16)
@@ -68,8 +63,7 @@ def test_what_runs_on_amx():
     assert not can_use_amx_linear(CPU, torch.bfloat16, nn.Linear(64, 80))  # 80 outputs: not whole 32-wide panels
 
 
-@needs_amx
-def test_bf16_engine_model_uses_amx_linears():
+def test_bf16_engine_model_uses_amx_linears(amx_linears):
     from stallfree.engine import LLM, SamplingParams
 
     llm = LLM("tiny", dtype="bfloat16")
@@ -81,7 +75,6 @@ def test_bf16_engine_model_uses_amx_linears():
     assert len(out[0].token_ids) == 4
 
 
-@needs_amx
 @pytest.mark.parametrize("rows", [1, 33, 600])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gate_up_with_silu_and_mul_matches_the_unfused_ops(rows, bias):
@@ -93,8 +86,7 @@ def test_gate_up_with_silu_and_mul_matches_the_unfused_ops(rows, bias):
     torch.testing.assert_close(fused(x), SiluAndMul()(reference(gate_up, x)))
 
 
-@needs_amx
-def test_fuse_silu_and_mul_takes_the_act_into_the_projection():
+def test_fuse_silu_and_mul_takes_the_act_into_the_projection(amx_linears):
     cfg = ArchConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
                                 "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
                                 "vocab_size": 64, "rms_norm_eps": 1e-5})
