@@ -58,11 +58,13 @@ class StageCostModels:
 
 class FittedPipelineRunner(SimulatedPipeline):
     """Stage i takes what its cost model draws for the micro-batch (its residual spread included); nothing is
-    charged for sends, which a real run counts as the next stage's idle time."""
+    charged for sends, which a real run counts as the next stage's idle time. Tokens are stamped when the
+    engine pops their micro-batch, as the real pipeline's are: its engine process runs stage 0, and a result
+    that came back during a stage-0 forward is seen after it (up to a whole-prompt prefill later)."""
 
     def __init__(self, models: StageCostModels, vocab_size: int, eos_token_ids: set[int], seed: int,
                  clock: VirtualClock):
-        super().__init__(len(models.stages), len(models.stages), clock)
+        super().__init__(len(models.stages), len(models.stages), clock, stamped_when_popped=True)
         self.models, self.rng = models, random.Random(seed)
         # Sampled ids avoid EOS, so every request runs to its max_tokens, as in engine/runner/simulated.py.
         self.token_ids = [t for t in range(vocab_size) if t not in eos_token_ids]

@@ -28,11 +28,11 @@ class MicroBatch:
     timing: MicroBatchTiming
     operator_split: OperatorSplit | None
 
-    def finished(self) -> FinishedBatch:
+    def finished(self, seen_s: float) -> FinishedBatch:
         timing = self.timing
         result = ModelRunnerOutput(self.sampled, operator_split=self.operator_split,
                                    stage_busy_s=list(timing.stage_busy_s), stage_idle_s=list(timing.stage_idle_s))
-        return FinishedBatch(self.output, result, timing.scheduled_s, timing.end_s)
+        return FinishedBatch(self.output, result, timing.scheduled_s, seen_s)
 
 
 class SimulatedPipeline:
@@ -40,8 +40,13 @@ class SimulatedPipeline:
     computes_logits = False
     machine_limits: MachineLimits | None = None
 
-    def __init__(self, num_stages: int, max_in_flight: int, clock: VirtualClock, op_split_every: int = 0):
+    def __init__(self, num_stages: int, max_in_flight: int, clock: VirtualClock, op_split_every: int = 0,
+                 stamped_when_popped: bool = False):
         self.clock, self.max_in_flight = clock, max_in_flight
+        # False: a micro-batch's tokens are stamped when it leaves the last stage. True: when the engine pops it,
+        # which after a submit is once stage 0 is free, as with the real PipelineRunner, whose submit runs
+        # stage 0 in the engine's process: a result that arrives meanwhile is seen when that forward is done.
+        self.stamped_when_popped = stamped_when_popped
         self.pipeline = Pipeline(num_stages)
         self.in_flight: deque[MicroBatch] = deque()
         self.op_split_every, self.iterations = op_split_every, 0
@@ -81,8 +86,8 @@ class SimulatedPipeline:
 
     def pop_finished(self, now: float) -> list[FinishedBatch]:
         done = []
-        while self.in_flight and self.in_flight[0].timing.end_s <= now:
-            done.append(self.in_flight.popleft().finished())
+        while self.in_flight and (end_s := self.in_flight[0].timing.end_s) <= now:
+            done.append(self.in_flight.popleft().finished(now if self.stamped_when_popped else end_s))
         return done
 
     def idle_until(self, t: float) -> None:

@@ -8,7 +8,9 @@ from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.engine.outputs import BatchRecord
-from stallfree.engine.simulator.fitted_pipeline import StageCostModels
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
+from stallfree.engine.simulator.fitted_pipeline import FittedPipelineRunner, StageCostModels
 
 STAGE_S = ((0.002, 1e-5), (0.004, 2e-5))  # per stage: seconds per iteration, per prefill token
 
@@ -55,6 +57,34 @@ def test_stage_models_fit_the_relative_error_so_short_stages_are_not_lost_to_lon
     for model in models.stages:
         assert model.fitted_on["least_squares"] == "relative"
         assert model.predict(short) == pytest.approx(prefill_seconds(128), rel=0.15)
+
+
+def micro_batch(request_id: str, prefill_tokens: int) -> SchedulerOutput:
+    """One request's prefill of ``prefill_tokens``, or with 0 its decode."""
+    tokens = list(range(prefill_tokens or 1))
+    return SchedulerOutput([ScheduledUnit(request_id, tokens, 0 if prefill_tokens else 50, prefill_tokens > 0, True,
+                                          [0], SamplingParams())])
+
+
+def test_tokens_are_stamped_when_the_engine_sees_them_after_its_stage_0_forward():
+    """As in the real pipeline, whose engine process runs stage 0: a decode that leaves stage 1 while stage 0 works
+    on a long prefill reaches the engine (and its request) when that prefill's stage-0 forward is done."""
+    clock, models = VirtualClock(), StageCostModels.fit(records())  # exact: every residual is 0
+    runner = FittedPipelineRunner(models, 64, {2}, seed=0, clock=clock)
+    decode, prefill = micro_batch("decode", 0), micro_batch("prefill", 1000)
+    (decode_0, decode_1), (prefill_0, prefill_1) = ([m.predict(IterationFeatures.of(out)) for m in models.stages]
+                                                    for out in (decode, prefill))
+    assert decode_0 + decode_1 < decode_0 + prefill_0  # the decode leaves stage 1 during the prefill's stage 0
+    runner.submit(decode, clock())
+    runner.submit(prefill, clock())
+    stage_0_free = clock()
+    assert stage_0_free == pytest.approx(decode_0 + prefill_0)
+    [seen] = runner.pop_finished(stage_0_free)
+    assert seen.output is decode and seen.result.stage_busy_s == pytest.approx([decode_0, decode_1])
+    assert seen.end_s == stage_0_free  # not decode_0 + decode_1, when it left stage 1
+    assert runner.wait()
+    [seen] = runner.pop_finished(clock())
+    assert seen.output is prefill and seen.end_s == clock() == pytest.approx(decode_0 + prefill_0 + prefill_1)
 
 
 def simulated(path, policy: str, pp: int = 2, clock: str = "virtual") -> LLMEngine:
