@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 # Bump when the features, the fit or the profile change: cached profiles are then refitted. 5: the profile
 # samples greedily, as the load generator does. 6: half of each policy's profiled requests arrive staggered;
 # residuals kept apart for decode-only iterations and those with prefill tokens. 7: prefill-only iterations
-# (vllm's) kept apart from hybrid ones (sarathi's).
-COST_MODEL_VERSION = 7
+# (vllm's) kept apart from hybrid ones (sarathi's). 8: the profile holds prompts as long as the context.
+COST_MODEL_VERSION = 8
 # decode-only iterations, prefill-only ones and hybrids (prefill tokens beside decodes). One linear fit
 # serves all three, and misses them differently: on a 2-core Xeon, vllm's prefill-only iterations ran
 # 13% slower than the fit predicted at every size while its decode steps ran 12% faster.

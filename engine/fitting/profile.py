@@ -2,7 +2,7 @@
 
 The profile covers the iteration shapes the studies produce: prefill-only and decode-only iterations
 (``vllm``), and hybrid ones with small and large chunks (``sarathi`` at 128 and 512 tokens), over prompts
-of varied lengths and a range of decode batch sizes.
+of varied lengths up to ``max_model_len`` and a range of decode batch sizes.
 """
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
         scheduler = replace(config.scheduler, policy=policy, chunk_size=chunk_size or config.scheduler.chunk_size)
         engine = make_engine(replace(config, model=replace(mc, runner="model"), scheduler=scheduler))
         requests = random_requests(rng, num_requests, engine, max_prompt=1024, max_output=64)
+        requests += context_filling_prompts(rng, engine)
         half = num_requests // 2
         for stagger_steps, part in ((0, requests[:half]), (STAGGER_STEPS, requests[half:])):
             feed_requests(engine, part, stagger_steps, progress)
@@ -100,6 +101,17 @@ def random_requests(rng: random.Random, count: int, engine: ProfiledEngine, *, m
     return [([rng.randrange(3, engine.vocab_size) for _ in range(rng.randint(16, limit))],
              SamplingParams(max_tokens=rng.randint(8, max_output), temperature=0.0, ignore_eos=True))
             for _ in range(count)]
+
+
+def context_filling_prompts(rng: random.Random, engine: ProfiledEngine,
+                            max_output: int = 8) -> list[tuple[list[int], SamplingParams]]:
+    """A prompt as long as the context holds beside ``max_output`` tokens, and one of 3/4 of that: the longest
+    prefills a policy runs (``vllm``'s whole prompts). A fit on prompts up to 1,024 tokens put a lone prompt of
+    `small` at 4,000 tokens 1.17-1.18x too slow on a 2-core EPYC (docs/performance.md)."""
+    longest = engine.max_model_len - max_output
+    return [([rng.randrange(3, engine.vocab_size) for _ in range(length)],
+             SamplingParams(max_tokens=max_output, temperature=0.0, ignore_eos=True))
+            for length in (longest, longest * 3 // 4)]
 
 
 def feed_requests(engine: ProfiledEngine, requests: list[tuple[list[int], SamplingParams]], stagger_steps: int,
