@@ -69,8 +69,8 @@ def profile_cost_model(config: EngineConfig, make_engine: Callable[[EngineConfig
     ``use_cache`` it is kept as JSON in the preset cache folder, keyed by everything that changes
     iteration times. ``progress`` gets the number of requests finished since its last call."""
     mc, cc = config.model, config.cache
-    key = [COST_MODEL_VERSION, ENGINE_REVISION, mc.model, mc.dtype, mc.device, mc.attention_backend, cc.block_size,
-           quiet_threads(), num_requests, seed]
+    key = [COST_MODEL_VERSION, ENGINE_REVISION, mc.model, mc.max_model_len, mc.dtype, mc.device, mc.attention_backend,
+           cc.block_size, quiet_threads(), num_requests, seed]  # max_model_len: the profile's longest prompts
     path = cache_root() / "cost_models" / (hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16] + ".json")
     if use_cache and path.is_file():
         return CostModel.load(path)

@@ -217,21 +217,24 @@ def test_profiling_fits_the_real_runner_once(monkeypatch):
     assert again.runner.cost_model == cost  # read back from the cache, not profiled again
 
 
-def test_profile_requests_sample_as_the_load_generator_does(monkeypatch):
-    """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay."""
+def test_profile_requests_sample_as_the_load_generator_does_and_fill_the_context(monkeypatch):
+    """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay. Each
+    policy's profile also holds a prompt as long as the context holds: vllm's longest whole-prompt prefill."""
     from stallfree.engine.fitting.profile import profile_cost_model
 
-    added: list[SamplingParams] = []
+    added: list[tuple[int, SamplingParams]] = []
     real_add = LLMEngine.add_request
 
     def recording_add(self, prompt, params=None, **kwargs):
-        added.append(params)
+        added.append((len(prompt), params))
         return real_add(self, prompt, params, **kwargs)
 
     monkeypatch.setattr(LLMEngine, "add_request", recording_add)
-    config = LLMEngine.from_kwargs(model="tiny").config
+    config = LLMEngine.from_kwargs(model="tiny", max_model_len=512).config
     profile_cost_model(config, LLMEngine, num_requests=3, use_cache=False)
-    assert len(added) == 9 and all(p.greedy and p.ignore_eos for p in added)
+    assert len(added) == 3 * (3 + 2) and all(p.greedy and p.ignore_eos for _, p in added)
+    longest = [n + p.max_tokens for n, p in added if n > 256]
+    assert longest.count(512) == 3  # prompt and output fill the context, once per profiled policy
 
 
 def test_real_clock_sleeps_the_predicted_time(fixed_cost_model):
