@@ -81,6 +81,11 @@ def profile(engine: LLMEngine, num_requests: int, max_output: int, seed: int) ->
     return records
 
 
+def medians(runs: list[dict]) -> dict[str, float]:
+    """The compared metrics' medians over ``runs`` (real repeats, or simulated seeds)."""
+    return {m: statistics.median(run[m] for run in runs) for m in ("p99_tbt_ms", "bubble_fraction")}
+
+
 def error_pct(simulated: float | None, real: float | None) -> float | None:
     return None if not real or simulated is None else (simulated / real - 1) * 100
 
@@ -129,12 +134,12 @@ def main() -> int:
         rows = []
         for point in points:
             policy, chunk_size, qps = point
-            real = {m: statistics.median(r[m] for r in reals[point]) for m in ("p99_tbt_ms", "bubble_fraction")}
+            real = medians(reals[point])
             sims = [metrics(LLMEngine.from_kwargs(**base, runner="simulated", clock="virtual", seed=seed,
                                                   cost_model=str(cost_model_path), scheduler=policy,
                                                   chunk_size=chunk_size), workloads[qps])
                     for seed in range(args.sim_seeds)]
-            simulated = {m: statistics.median(s[m] for s in sims) for m in ("p99_tbt_ms", "bubble_fraction")}
+            simulated = medians(sims)
             errors = {m: error_pct(simulated[m], real[m]) for m in simulated}
             rows.append({"policy": f"{policy}-{chunk_size}", "qps": qps, "real": real, "real_runs": reals[point],
                          "simulated": simulated, "simulated_runs": sims, "error_pct": errors})
