@@ -1,11 +1,13 @@
 """Messages between the driver and a pipeline's stage workers through the rendezvous store (torch's TCPStore):
-the micro-batch tickets the driver posts to every worker, and the result the last stage posts back.
+the micro-batch tickets the driver posts to every worker, and the result the last stage posts back. Each rank's
+mailbox is a queue on the store, read in the order posted: a message costs one round trip to post and one to
+take.
 
 Why the store and not torch.distributed: the driver must see whether a result is back without blocking (it
 keeps scheduling while micro-batches are in flight), and a gloo receive can neither be polled (its
 ``is_completed`` stays false until ``wait``) nor wait longer than the process group's timeout, which an idle
-server outlasts. The store's ``check`` polls and its ``wait`` may wait for good. The hidden states, the bulk
-of the traffic, go between stages over torch.distributed (engine/distributed/stage_link.py).
+server outlasts. The store's queue can be polled, and a blocking pop may wait for good. The hidden states, the
+bulk of the traffic, go between stages over torch.distributed (engine/distributed/stage_link.py).
 """
 from __future__ import annotations
 
@@ -21,32 +23,30 @@ POLL_S = 0.0002  # between checks while the driver waits for a result (it checks
 FOREVER = timedelta(days=365)  # a worker waits this long for its next micro-batch: as long as the server idles
 
 
-def key(rank: int, seq: int) -> str:
-    return f"stallfree/pipeline/{rank}/{seq}"
+def key(rank: int) -> str:
+    return f"stallfree/pipeline/{rank}"
 
 
 class Mailbox:
-    """``rank``'s mailbox: messages numbered by micro-batch, each read once."""
+    """``rank``'s mailbox: messages taken once, in the order they were posted."""
 
     def __init__(self, store: dist.Store, rank: int):
-        self.store, self.rank = store, rank
+        # its own connection, whose blocking take waits for good, apart from the rendezvous' timeout
+        self.store, self.rank = store.clone(), rank
+        self.store.set_timeout(FOREVER)
 
-    def post(self, rank: int, seq: int, message: Any) -> None:
-        self.store.set(key(rank, seq), pickle.dumps(message))
+    def post(self, rank: int, message: Any) -> None:
+        self.store.queue_push(key(rank), pickle.dumps(message))
 
-    def has(self, seq: int) -> bool:
-        return self.store.check([key(self.rank, seq)])
+    def has(self) -> bool:
+        return self.store.queue_len(key(self.rank)) > 0
 
-    def wait(self, seq: int, check: Callable[[], None]) -> None:
-        """Until message ``seq`` is here, calling ``check`` between polls (it raises to stop waiting)."""
-        while not self.has(seq):
+    def wait(self, check: Callable[[], None]) -> None:
+        """Until a message is here, calling ``check`` between polls (it raises to stop waiting)."""
+        while not self.has():
             check()
             time.sleep(POLL_S)
 
-    def take(self, seq: int) -> Any:
-        """Message ``seq``, waiting for it as long as it takes."""
-        name = key(self.rank, seq)
-        self.store.wait([name], FOREVER)
-        message = pickle.loads(self.store.get(name))
-        self.store.delete_key(name)
-        return message
+    def take(self) -> Any:
+        """The oldest message, waiting for it as long as it takes."""
+        return pickle.loads(self.store.queue_pop(key(self.rank)))

@@ -33,7 +33,6 @@ T = TypeVar("T")
 
 @dataclass
 class Submitted:
-    next: int = 0  # the number of the next micro-batch
     sound: bool = True  # every posted micro-batch went through stage 0: a stop message in line reaches every rank
 
 
@@ -42,7 +41,7 @@ def _stop_pipeline(workers: LocalWorkers, mailbox: Mailbox, ranks: range, sequen
     this node's also leave when their pipes close), then stop this node's workers and leave the group."""
     if sequence.sound and workers.first_death() is None:
         for rank in ranks:
-            mailbox.post(rank, sequence.next, None)
+            mailbox.post(rank, None)
     stop_ranks(workers)
 
 
@@ -58,7 +57,7 @@ class PipelineRunner:
         self.max_in_flight = layout.pipeline_parallel_size
         self.worker_ranks = range(1, layout.world_size)
         self.in_flight: deque[tuple[SchedulerOutput, float]] = deque()  # with when each was scheduled
-        self.sequence, self.next_result = Submitted(), 0
+        self.sequence = Submitted()
         self.timer, self.period_start_s = StageTimer(), 0.0
         self._finalizer = weakref.finalize(self, _stop_pipeline, workers, mailbox, self.worker_ranks, self.sequence)
 
@@ -73,29 +72,28 @@ class PipelineRunner:
 
     def _submit(self, scheduler_output: SchedulerOutput, now: float) -> None:
         self.workers.check()
-        ticket, seq = Ticket(scheduler_output, self.period_start_s), self.sequence.next
+        ticket = Ticket(scheduler_output, self.period_start_s)
         self.sequence.sound = False  # until stage 0 has handed it on
         for rank in self.worker_ranks:
-            self.mailbox.post(rank, seq, ticket)
+            self.mailbox.post(rank, ticket)
         hidden = self.local.execute_forward(scheduler_output)
         busy, idle = self.timer.time(now, time.time(), self.period_start_s)
         self.link.send(hidden, [busy, idle])
         self.in_flight.append((scheduler_output, now))
-        self.sequence.next, self.sequence.sound = seq + 1, True
+        self.sequence.sound = True
 
     def pop_finished(self, now: float) -> list[FinishedBatch]:
         finished = []
-        while self.in_flight and self._guard(lambda: self.mailbox.has(self.next_result)):
-            result: ModelRunnerOutput = self.mailbox.take(self.next_result)
+        while self.in_flight and self._guard(self.mailbox.has):
+            result: ModelRunnerOutput = self.mailbox.take()
             scheduler_output, start = self.in_flight.popleft()
             finished.append(FinishedBatch(scheduler_output, result, start, time.time()))
-            self.next_result += 1
         return finished
 
     def wait(self) -> bool:
         if not self.in_flight:
             return False
-        self._guard(lambda: self.mailbox.wait(self.next_result, self.workers.check))
+        self._guard(lambda: self.mailbox.wait(self.workers.check))
         return True
 
     def idle_until(self, t: float) -> None:

@@ -4,7 +4,6 @@ stage's busy and idle seconds, to the driver), until the driver posts a stop. An
 the driver sees."""
 from __future__ import annotations
 
-import itertools
 import time
 
 from stallfree.engine.distributed.channel import DRIVER
@@ -26,8 +25,8 @@ def serve_stage(runner: ModelRunner, layout: RankLayout, rank: int, mailbox: Mai
     last = stage == layout.pipeline_parallel_size - 1
     samples = last and layout.tp_rank(rank) == 0  # the other ranks of a tensor-parallel last stage only join in
     link, timer = stage_link(layout, rank, runner, hidden_size), StageTimer()
-    for seq in itertools.count():
-        ticket: Ticket | None = mailbox.take(seq)
+    while True:
+        ticket: Ticket | None = mailbox.take()
         if ticket is None:  # the driver stops
             return
         output = ticket.scheduler_output
@@ -42,6 +41,6 @@ def serve_stage(runner: ModelRunner, layout: RankLayout, rank: int, mailbox: Mai
         timings += timer.time(start, time.time(), ticket.period_start_s)
         if samples:
             result.stage_busy_s, result.stage_idle_s = timings[0::2], timings[1::2]
-            mailbox.post(DRIVER, seq, result)
+            mailbox.post(DRIVER, result)
         elif not last:
             link.send(hidden, timings)

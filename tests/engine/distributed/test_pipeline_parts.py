@@ -1,5 +1,6 @@
 """The parts of the real pipeline that need no second process: stage timing counted as the simulator counts
 it, and the store mailboxes (posted, polled, taken once, and a wait that a dead worker stops)."""
+import threading
 from datetime import timedelta
 
 import pytest
@@ -34,11 +35,24 @@ def store():
 
 def test_a_message_is_taken_once_in_order(store):
     driver, worker = Mailbox(store, 0), Mailbox(store, 1)
-    driver.post(1, 0, {"seq": 0})
-    driver.post(1, 1, None)
-    assert worker.has(0) and not driver.has(0)
-    assert worker.take(0) == {"seq": 0} and not worker.has(0)
-    assert worker.take(1) is None
+    driver.post(1, {"seq": 0})
+    driver.post(1, None)
+    assert worker.has() and not driver.has()
+    assert worker.take() == {"seq": 0} and worker.has()
+    assert worker.take() is None and not worker.has()
+
+
+def test_a_worker_waits_for_its_next_message_past_the_store_timeout(store):
+    """The rendezvous store times out (here after 1 s); a worker's mailbox waits for good, as an idle server's
+    workers must."""
+    store.set_timeout(timedelta(seconds=1))
+    driver, worker = Mailbox(store, 0), Mailbox(store, 1)
+    poster = threading.Timer(1.5, driver.post, (1, "late"))
+    poster.start()
+    try:
+        assert worker.take() == "late"
+    finally:
+        poster.join()
 
 
 def test_waiting_for_a_result_stops_when_the_check_raises(store):
@@ -46,4 +60,4 @@ def test_waiting_for_a_result_stops_when_the_check_raises(store):
         raise WorkerDied("worker rank 1 (pid 1) killed by SIGKILL")
 
     with pytest.raises(WorkerDied, match="rank 1"):
-        Mailbox(store, 0).wait(0, dead)
+        Mailbox(store, 0).wait(dead)
