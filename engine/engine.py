@@ -212,6 +212,7 @@ class LLMEngine:
             num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
             num_waiting=self.num_waiting, num_running=self.num_running,
             stage_busy_s=list(result.stage_busy_s), stage_idle_s=list(result.stage_idle_s),
+            stage_handoff_s=list(result.stage_handoff_s),
             cpu_threads=result.cpu_threads, **self.utilization.fields(out.units, end - start, result.operator_split)))
 
     def check_alive(self) -> None:

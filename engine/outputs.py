@@ -39,6 +39,8 @@ class BatchRecord:
     # A pipeline's stages, simulated (engine/simulator/pipeline.py) or real (engine/distributed/); else empty.
     stage_busy_s: list[float] = field(default_factory=list)  # each stage's busy time on this micro-batch
     stage_idle_s: list[float] = field(default_factory=list)  # each stage's idle time (bubble) right before it
+    # the part of each stage's idle time spent taking the micro-batch once it was sent and the stage free
+    stage_handoff_s: list[float] = field(default_factory=list)
     cpu_threads: int = 0  # CPU threads the iteration ran with (engine/runner/cpu_threads.py); 0: not on the CPU
     # Utilisation (engine/utilization): counted from the shapes, against this machine's limits.
     model_flops: float = 0.0  # the iteration's model FLOPs (linear layers and attention)

@@ -5,7 +5,7 @@ The driver is rank 0 and runs stage 0 in the engine's process. ``submit`` posts 
 every worker, runs stage 0 and sends its hidden states on, then returns: the engine schedules the next
 micro-batch (among the requests not in flight) while the later stages work, up to PP micro-batches in flight,
 as vLLM's virtual engines and sarathi-serve's pipeline do. The last stage samples and posts the result, with
-every stage's busy and idle seconds, to the driver's mailbox. Any failure ends the pipeline: every worker is
+every stage's busy, idle and hand-off seconds, to the driver's mailbox. Any failure ends the pipeline: every worker is
 stopped and RunnerDead (naming the dead worker, or the driver's error) ends the engine's requests.
 """
 from __future__ import annotations
@@ -77,8 +77,8 @@ class PipelineRunner:
         for rank in self.worker_ranks:
             self.mailbox.post(rank, ticket)
         hidden = self.local.execute_forward(scheduler_output)
-        busy, idle = self.timer.time(now, time.time(), self.period_start_s)
-        self.link.send(hidden, [busy, idle])
+        end = time.time()
+        self.link.send(hidden, [*self.timer.time(now, end, self.period_start_s), end])
         self.in_flight.append((scheduler_output, now))
         self.sequence.sound = True
 

@@ -1,8 +1,8 @@
 """What passes along a pipeline: each micro-batch's ticket (its SchedulerOutput, posted to every worker by the
 driver, engine/distributed/mailbox.py) and the hidden states between stages over torch.distributed (gloo on
 CPU, NCCL on CUDA). A rank sends its stage's output (the last layer's output and the residual stream) to the
-rank of the next stage that holds the same tensor-parallel shard, with the busy and idle seconds of the stages
-so far, which the last stage hands back with the sampled tokens."""
+rank of the next stage that holds the same tensor-parallel shard, with the busy, idle and hand-off seconds of
+the stages so far and when it sent them, which the last stage hands back with the sampled tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,17 +24,20 @@ class Ticket:
 
 
 class StageTimer:
-    """A stage's busy and idle seconds per micro-batch, counted as the simulator counts them
+    """A stage's busy, idle and hand-off seconds per micro-batch, counted as the simulator counts them
     (engine/simulator/pipeline.py): idle is the wait since the stage's previous micro-batch, within the busy
-    period (wall-clock seconds, comparable across the ranks of one machine)."""
+    period; hand-off the part of it after both the stage was free and the previous stage had sent the
+    micro-batch (``sent_s``; stage 0 has none). Wall-clock seconds, comparable across the ranks of one machine."""
 
     def __init__(self) -> None:
         self.free_s = 0.0
 
-    def time(self, start_s: float, end_s: float, period_start_s: float) -> tuple[float, float]:
+    def time(self, start_s: float, end_s: float, period_start_s: float,
+             sent_s: float | None = None) -> tuple[float, float, float]:
         idle = max(0.0, start_s - max(self.free_s, period_start_s))
+        handoff = 0.0 if sent_s is None else max(0.0, start_s - max(self.free_s, period_start_s, sent_s))
         self.free_s = end_s
-        return end_s - start_s, idle
+        return end_s - start_s, idle, handoff
 
 
 class StageLink:
@@ -61,7 +64,8 @@ class StageLink:
             self.pending.pop(0)[0].wait()
 
     def receive(self, num_tokens: int, num_timings: int) -> tuple[Hidden, list[float]]:
-        """The previous stage's hidden states for ``num_tokens`` tokens and its ``num_timings`` timings."""
+        """The previous stage's hidden states for ``num_tokens`` tokens and its ``num_timings`` timings (the
+        stages' so far, then when it sent them)."""
         assert self.prev_rank is not None
         sizes = [num_timings * 8] + [num_tokens * self.hidden_size * self.dtype.itemsize] * 2
         packed = torch.empty(sum(map(_padded, sizes)), dtype=torch.uint8, device=self.device)

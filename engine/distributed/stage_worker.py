@@ -1,6 +1,6 @@
 """A pipeline stage's worker loop: take each micro-batch's ticket from the driver, the previous stage's hidden
 states, run this rank's layers, and hand the result on (the last stage: sample and post the tokens, with every
-stage's busy and idle seconds, to the driver), until the driver posts a stop. Any failure ends the worker, which
+stage's busy, idle and hand-off seconds, to the driver), until the driver posts a stop. Any failure ends the worker, which
 the driver sees."""
 from __future__ import annotations
 
@@ -30,17 +30,20 @@ def serve_stage(runner: ModelRunner, layout: RankLayout, rank: int, mailbox: Mai
         if ticket is None:  # the driver stops
             return
         output = ticket.scheduler_output
-        hidden, timings = None, []
-        if stage:
-            hidden, timings = link.receive(sum(len(u.token_ids) for u in output.units), 2 * stage)
+        hidden, timings, sent_s = None, [], None
+        if stage:  # three timings a stage before it, then when the previous stage sent the micro-batch
+            hidden, received = link.receive(sum(len(u.token_ids) for u in output.units), 3 * stage + 1)
+            timings, sent_s = received[:-1], received[-1]
         start = time.time()
         if samples:
             result = runner.execute_model(output, hidden)
         else:
             hidden = runner.execute_forward(output, hidden)
-        timings += timer.time(start, time.time(), ticket.period_start_s)
+        end = time.time()
+        timings += timer.time(start, end, ticket.period_start_s, sent_s)
         if samples:
-            result.stage_busy_s, result.stage_idle_s = timings[0::2], timings[1::2]
+            result.stage_busy_s, result.stage_idle_s, result.stage_handoff_s = (timings[0::3], timings[1::3],
+                                                                                timings[2::3])
             mailbox.post(DRIVER, result)
         elif not last:
-            link.send(hidden, timings)
+            link.send(hidden, [*timings, end])

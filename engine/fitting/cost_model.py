@@ -204,11 +204,15 @@ def _residual_buckets(predicted: list[tuple[float, float]]) -> tuple[list[float]
     if len(buckets) > 1 and len(buckets[-1]) < MIN_BUCKET_RECORDS:
         last = buckets.pop()
         buckets[-1] += last
+    return [bucket[0][0] for bucket in buckets[1:]], [evenly_spaced_quantiles([r for _, r in bucket], 4)
+                                                      for bucket in buckets]
+
+
+def evenly_spaced_quantiles(values: list[float], digits: int) -> list[float]:
+    """``values`` at NUM_RESIDUAL_QUANTILES evenly spaced quantiles (the minimum to the maximum), rounded: a
+    distribution a simulation draws from with ``random.choice``."""
     levels = torch.linspace(0, 1, NUM_RESIDUAL_QUANTILES, dtype=torch.float64)
-    quantiles = [[round(float(q), 4) for q in torch.quantile(torch.tensor([r for _, r in bucket],
-                                                                          dtype=torch.float64), levels)]
-                 for bucket in buckets]
-    return [bucket[0][0] for bucket in buckets[1:]], quantiles
+    return [round(float(q), digits) for q in torch.quantile(torch.tensor(values, dtype=torch.float64), levels)]
 
 
 def _undisturbed(coefficients: dict[str, float], records: list[BatchRecord]) -> list[BatchRecord]:

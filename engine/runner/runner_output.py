@@ -20,10 +20,12 @@ class ModelRunnerOutput:
     cpu_threads: int = 0
     # The iteration's seconds in linear layers and in attention, when the runner timed it (``op_split_every``).
     operator_split: OperatorSplit | None = None
-    # A pipeline's stages (one entry each): each stage's busy seconds on this micro-batch and its idle seconds
-    # (bubble) right before it; empty for a runner with no stages.
+    # A pipeline's stages (one entry each): each stage's busy seconds on this micro-batch, its idle seconds
+    # (bubble) right before it, and the part of those it spent taking the micro-batch once the micro-batch was
+    # sent and the stage free (0 on stage 0); empty for a runner with no stages.
     stage_busy_s: list[float] = field(default_factory=list)
     stage_idle_s: list[float] = field(default_factory=list)
+    stage_handoff_s: list[float] = field(default_factory=list)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add the results of a run over other units of the same iteration (engine/runner/isolation.py)."""

@@ -1,6 +1,7 @@
 """SimulatedPipeline: micro-batches through pipeline stages on the engine's virtual clock, the ``BatchRunner``
 (engine/runner/base.py) of every simulated pipeline. A subclass says how long each stage takes on a
-micro-batch (``stage_seconds``) and which tokens it samples.
+micro-batch (``stage_seconds``), how long each takes to take it (``handoff_seconds``, none by default) and
+which tokens it samples.
 
 The engine submits each scheduled iteration (a micro-batch), which is timed at once (engine/simulator/
 pipeline.py). Its requests stay in flight, and their tokens are handed back, when it leaves the last stage. At
@@ -31,7 +32,8 @@ class MicroBatch:
     def finished(self, seen_s: float) -> FinishedBatch:
         timing = self.timing
         result = ModelRunnerOutput(self.sampled, operator_split=self.operator_split,
-                                   stage_busy_s=list(timing.stage_busy_s), stage_idle_s=list(timing.stage_idle_s))
+                                   stage_busy_s=list(timing.stage_busy_s), stage_idle_s=list(timing.stage_idle_s),
+                                   stage_handoff_s=list(timing.stage_handoff_s))
         return FinishedBatch(self.output, result, timing.scheduled_s, seen_s)
 
 
@@ -55,6 +57,10 @@ class SimulatedPipeline:
         """Each stage's busy time for this micro-batch, and the send time between stages."""
         raise NotImplementedError
 
+    def handoff_seconds(self) -> list[float] | None:
+        """Each stage's time to take the next micro-batch once it is ready and the stage is free; None: none."""
+        return None
+
     def sample(self, output: SchedulerOutput) -> dict[str, int]:
         """The tokens of the units that sample, by request id."""
         raise NotImplementedError
@@ -67,10 +73,11 @@ class SimulatedPipeline:
         """Time the micro-batch; the clock moves on to when stage 0 can take the next one."""
         stage_s, send_s = self.stage_seconds(output)
         stage_s, send_s = [self.clock.on_grid(s) for s in stage_s], self.clock.on_grid(send_s)
+        handoff_s = [self.clock.on_grid(s) for s in handoff] if (handoff := self.handoff_seconds()) else None
         self.iterations += 1
         split = self.operator_split(output) if self.op_split_every and \
             self.iterations % self.op_split_every == 0 else None
-        timing = self.pipeline.submit(now, stage_s, send_s)
+        timing = self.pipeline.submit(now, stage_s, send_s, handoff_s)
         self.in_flight.append(MicroBatch(output, self.sample(output), timing, split))
         self.clock.advance_to(self.pipeline.stage_free_s[0])
 

@@ -60,8 +60,10 @@ def test_micro_batches_fly_at_once_and_every_record_has_both_stages(prompts, no_
     records = parallel.batch_records
     assert max(in_flight) == 2
     assert sum(b.start_time < a.end_time for a, b in zip(records, records[1:], strict=False)) > len(records) / 2
-    assert all(len(r.stage_busy_s) == len(r.stage_idle_s) == 2 for r in records)
+    assert all(len(r.stage_busy_s) == len(r.stage_idle_s) == len(r.stage_handoff_s) == 2 for r in records)
     assert all(busy > 0 for r in records for busy in r.stage_busy_s)
+    # stage 1 takes every micro-batch in some time, within its idle time; stage 0's step is its busy time
+    assert all(r.stage_handoff_s[0] == 0 and 0 < r.stage_handoff_s[1] <= r.stage_idle_s[1] for r in records)
     assert all(r.end_time - r.start_time >= max(r.stage_busy_s) for r in records)
 
 

@@ -12,19 +12,23 @@ from stallfree.engine.distributed.workers import WorkerDied
 from stallfree.engine.simulator.pipeline import Pipeline
 
 
-def test_stage_idle_is_counted_as_the_simulator_counts_it():
-    """The same two-stage schedule, timed by the simulator's Pipeline and by one StageTimer per stage."""
+def test_stage_idle_and_hand_off_are_counted_as_the_simulator_counts_them():
+    """The same two-stage schedule, timed by the simulator's Pipeline and by one StageTimer per stage, each
+    later stage told when the stage before it sent the micro-batch (when it ended)."""
     pipeline, timers = Pipeline(2), [StageTimer(), StageTimer()]
     period_start = 0.0
-    for now, seconds, idle_until in [(0.0, (1.0, 2.0), None), (1.0, (1.0, 2.0), None), (10.0, (0.5, 0.5), 9.5)]:
+    for now, seconds, handoff, idle_until in [(0.0, (1.0, 2.0), 0.25, None), (1.0, (1.0, 2.0), 0.25, None),
+                                              (10.0, (0.5, 0.5), 0.5, 9.5)]:
         if idle_until is not None:
             pipeline.idle_until(idle_until)
             period_start = idle_until
-        timing = pipeline.submit(now, seconds, 0.0)
-        real = [timer.time(start, end, period_start) for timer, start, end
-                in zip(timers, timing.stage_start_s, timing.stage_end_s, strict=True)]
-        assert [busy for busy, _ in real] == pytest.approx(list(timing.stage_busy_s))
-        assert [idle for _, idle in real] == pytest.approx(list(timing.stage_idle_s))
+        timing = pipeline.submit(now, seconds, 0.0, [0.0, handoff])
+        sent = [None, timing.stage_end_s[0]]
+        real = [timer.time(start, end, period_start, sent_s) for timer, start, end, sent_s
+                in zip(timers, timing.stage_start_s, timing.stage_end_s, sent, strict=True)]
+        assert [busy for busy, _, _ in real] == pytest.approx(list(timing.stage_busy_s))
+        assert [idle for _, idle, _ in real] == pytest.approx(list(timing.stage_idle_s))
+        assert [handoff for _, _, handoff in real] == pytest.approx(list(timing.stage_handoff_s))
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """A real pipeline simulated: stage cost models fitted on each stage's busy seconds, and an engine of the same
 deployment config on runner=simulated stepping a FittedPipelineRunner on the virtual clock."""
 import dataclasses
+import statistics
 
 import pytest
 
@@ -38,6 +39,31 @@ def test_each_stage_is_fitted_on_its_own_busy_seconds(tmp_path):
     assert StageCostModels.load(tmp_path / "stages.json") == models
     with pytest.raises(ValueError, match="one pipeline"):
         StageCostModels.fit([dataclasses.replace(r, stage_busy_s=[]) for r in records()])
+
+
+def test_each_stage_draws_its_hand_off_from_the_fitted_runs():
+    """Stage 1 took 1 ms to take three micro-batches in four, 9 ms the fourth; stage 0 never waits. The
+    simulated stage 1 starts a micro-batch that long after stage 0 and it were both done, and says so."""
+    handed_off = [dataclasses.replace(r, stage_handoff_s=[0.0, 0.009 if r.iteration % 4 == 3 else 0.001])
+                  for r in records()]
+    models = StageCostModels.fit(handed_off)
+    assert models.handoff_quantiles_s[0] == [0.0] * len(models.handoff_quantiles_s[0])
+    quantiles = models.handoff_quantiles_s[1]
+    assert (min(quantiles), statistics.median(quantiles), max(quantiles)) == (0.001, 0.001, 0.009)
+    assert not StageCostModels.fit(records()).handoff_quantiles_s  # records without hand-offs: none charged
+    clock = VirtualClock()
+    runner = FittedPipelineRunner(models, 64, {2}, seed=0, clock=clock)
+    decode = micro_batch("decode", 0)
+    stage_0, stage_1 = (m.predict(IterationFeatures.of(decode)) for m in models.stages)
+    handoffs = []
+    for _ in range(40):
+        runner.submit(decode, clock())
+        assert runner.wait()
+        [seen] = runner.pop_finished(clock())
+        handoffs.append(round(seen.result.stage_handoff_s[1], 6))  # on the clock's grid
+        assert seen.result.stage_handoff_s[0] == 0.0
+        assert seen.end_s - seen.start_s == pytest.approx(stage_0 + handoffs[-1] + stage_1)
+    assert set(handoffs) <= set(quantiles) and min(handoffs) == 0.001 and max(handoffs) > 0.005
 
 
 def prefill_seconds(tokens: int) -> float:

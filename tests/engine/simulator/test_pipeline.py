@@ -38,6 +38,14 @@ def test_send_time_delays_the_next_stage_and_counts_as_its_bubble():
     assert t.stage_idle_s == (0.0, 1.5, 3.0)
 
 
+def test_a_hand_off_delays_a_stage_even_when_its_input_is_ready_and_counts_as_its_bubble():
+    pipe = Pipeline(2)
+    a = pipe.submit(0.0, [1.0, 2.0], send_s=0.0, handoff_s=[0.0, 0.25])
+    assert a.stage_start_s == (0.0, 1.25) and a.stage_idle_s == (0.0, 1.25) and a.stage_handoff_s == (0.0, 0.25)
+    b = pipe.submit(1.0, [1.0, 1.0], send_s=0.0, handoff_s=[0.0, 0.25])  # stage 1 is free last: its input waits
+    assert b.stage_start_s == (1.0, 3.5) and b.stage_idle_s == (0.0, 0.25) and b.end_s == 4.5
+
+
 def test_time_without_work_is_not_a_bubble():
     pipe = Pipeline(2)
     pipe.submit(0.0, [1.0, 1.0], send_s=0.0)
@@ -49,3 +57,5 @@ def test_time_without_work_is_not_a_bubble():
 def test_a_pipeline_needs_a_time_per_stage():
     with pytest.raises(ValueError, match="2 stage times for a 3-stage pipeline"):
         Pipeline(3).submit(0.0, [1.0, 1.0], send_s=0.0)
+    with pytest.raises(ValueError, match="2 hand-off times for a 3-stage pipeline"):
+        Pipeline(3).submit(0.0, [1.0, 1.0, 1.0], send_s=0.0, handoff_s=[0.0, 0.1])
