@@ -5,8 +5,8 @@ The driver is rank 0 and runs stage 0 in the engine's process. ``submit`` posts 
 every worker, runs stage 0 and sends its hidden states on, then returns: the engine schedules the next
 micro-batch (among the requests not in flight) while the later stages work, up to PP micro-batches in flight,
 as vLLM's virtual engines and sarathi-serve's pipeline do. The last stage samples and posts the result, with
-every stage's busy, idle and hand-off seconds, to the driver's mailbox. Any failure ends the pipeline: every worker is
-stopped and RunnerDead (naming the dead worker, or the driver's error) ends the engine's requests.
+every stage's busy, idle and hand-off seconds, to the driver's mailbox. Any failure ends the pipeline: every
+worker is stopped and RunnerDead (naming the dead worker, or the driver's error) ends the engine's requests.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A pipeline stage's worker loop: take each micro-batch's ticket from the driver, the previous stage's hidden
 states, run this rank's layers, and hand the result on (the last stage: sample and post the tokens, with every
-stage's busy, idle and hand-off seconds, to the driver), until the driver posts a stop. Any failure ends the worker, which
-the driver sees."""
+stage's busy, idle and hand-off seconds, to the driver), until the driver posts a stop. Any failure ends the
+worker, which the driver sees."""
 from __future__ import annotations
 
 import time

@@ -3,9 +3,9 @@ that stage's busy seconds in a real pipelined run (the ``stage_busy_s`` of its B
 take each micro-batch drawn from that run's hand-offs (``stage_handoff_s``).
 
 ``StageCostModels`` is one ``CostModel`` (engine/fitting/cost_model.py) and one hand-off distribution per
-stage, saved as one JSON file; an
-engine with ``model.runner=simulated``, ``model.clock=virtual``, ``pipeline_parallel_size=PP`` and
-``model.cost_model`` naming such a file runs the same schedulers over a ``FittedPipelineRunner`` of PP stages.
+stage, saved as one JSON file; an engine with ``model.runner=simulated``, ``model.clock=virtual``,
+``pipeline_parallel_size=PP`` and ``model.cost_model`` naming such a file runs the same schedulers over a
+``FittedPipelineRunner`` of PP stages.
 """
 from __future__ import annotations
 
@@ -41,10 +41,10 @@ class StageCostModels:
         relative error: on absolute seconds the whole-prompt prefills (seconds long) set the intercept, and the
         short decode stages of a PP2 run of ``small`` ran at 0.42-0.80x of the prediction (docs/performance.md,
         Pipeline fidelity)."""
-        num_stages = {len(r.stage_busy_s) for r in records}
-        if len(num_stages) != 1 or 0 in num_stages:
-            raise ValueError(f"fitting stage cost models needs records of one pipeline, got stage counts {num_stages}")
-        num_stages = num_stages.pop()
+        stage_counts = {len(r.stage_busy_s) for r in records}
+        if len(stage_counts) != 1 or 0 in stage_counts:
+            raise ValueError(f"fitting stage cost models needs records of one pipeline, got stage counts {stage_counts}")
+        num_stages = stage_counts.pop()
         stages = [CostModel.fit(stage_records(records, stage), seed=seed, fitted_on=fitted_on, relative=True)
                   for stage in range(num_stages)]
         timed = [r.stage_handoff_s for r in records if len(r.stage_handoff_s) == num_stages]
@@ -69,9 +69,9 @@ class StageCostModels:
 class FittedPipelineRunner(SimulatedPipeline):
     """Stage i takes what its cost model draws for the micro-batch (its residual spread included), and to take
     it a hand-off drawn from the fitted run's; nothing more is charged for sends, which a real run counts as
-    the next stage's idle time. Tokens are stamped when the
-    engine pops their micro-batch, as the real pipeline's are: its engine process runs stage 0, and a result
-    that came back during a stage-0 forward is seen after it (up to a whole-prompt prefill later)."""
+    the next stage's idle time. Tokens are stamped when the engine pops their micro-batch, as the real
+    pipeline's are: its engine process runs stage 0, and a result that came back during a stage-0 forward is
+    seen after it (up to a whole-prompt prefill later)."""
 
     def __init__(self, models: StageCostModels, vocab_size: int, eos_token_ids: set[int], seed: int,
                  clock: VirtualClock):
