@@ -56,8 +56,9 @@ class StageLink:
         2-core machine (docs/performance.md, Pipeline fidelity)."""
         assert self.next_rank is not None
         parts = (torch.tensor(timings, dtype=torch.float64, device=self.device), *hidden)
-        packed = torch.empty(sum(_padded(_nbytes(t)) for t in parts), dtype=torch.uint8, device=self.device)
-        for part, segment in zip(parts, packed.split([_padded(_nbytes(t)) for t in parts]), strict=True):
+        sizes = [_padded(_nbytes(t)) for t in parts]
+        packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+        for part, segment in zip(parts, packed.split(sizes), strict=True):
             segment[:_nbytes(part)].copy_(part.contiguous().view(-1).view(torch.uint8))
         self.pending.append((dist.isend(packed, self.next_rank), packed))
         while len(self.pending) > self.max_pending:
@@ -68,10 +69,10 @@ class StageLink:
         stages' so far, then when it sent them)."""
         assert self.prev_rank is not None
         sizes = [num_timings * 8] + [num_tokens * self.hidden_size * self.dtype.itemsize] * 2
-        packed = torch.empty(sum(map(_padded, sizes)), dtype=torch.uint8, device=self.device)
+        padded = [_padded(size) for size in sizes]
+        packed = torch.empty(sum(padded), dtype=torch.uint8, device=self.device)
         dist.recv(packed, self.prev_rank)
-        timing, x, residual = (segment[:size] for segment, size in
-                               zip(packed.split(list(map(_padded, sizes))), sizes, strict=True))
+        timing, x, residual = (segment[:size] for segment, size in zip(packed.split(padded), sizes, strict=True))
         x, residual = (t.view(self.dtype).view(num_tokens, self.hidden_size) for t in (x, residual))
         return (x, residual), timing.view(torch.float64).tolist()
 
