@@ -45,6 +45,8 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None
     num_blocks: int | None = None  # overrides the memory budget (tests)
     watermark: float = 0.01  # fraction of blocks kept free when admitting new prefills
+    # share the KV blocks of prompt prefixes seen before and skip their prefill (engine/prefix_cache.py)
+    enable_prefix_caching: bool = False
 
 
 @dataclass

@@ -14,6 +14,7 @@ from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.prefix_cache import PrefixCachingKVCacheManager
 from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.request_limits import check_context_length, check_prompt_ids
 from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
@@ -69,7 +70,8 @@ class LLMEngine:
         else:
             self.runner, self.batches, self.clock, num_blocks = make_executor(
                 config, path, arch, self.max_model_len, self.dtype, self.device, self.eos_token_ids, cost_model)
-        self.kv = KVCacheManager(num_blocks, cc.block_size, cc.watermark)
+        kv_manager = PrefixCachingKVCacheManager if cc.enable_prefix_caching else KVCacheManager
+        self.kv = kv_manager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
         self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype)
@@ -107,7 +109,13 @@ class LLMEngine:
         return self.kv.num_blocks
 
     def kv_usage(self) -> float:
+        """The fraction of KV blocks running requests hold (cached free blocks not counted)."""
         return self.kv.num_used_blocks / self.kv.num_blocks
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (vLLM's reset_prefix_cache): the next requests compute their whole
+        prompts. How many blocks were cached; 0 without prefix caching."""
+        return self.kv.reset_prefix_cache()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

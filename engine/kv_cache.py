@@ -11,6 +11,11 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class KVCacheManager:
+    """Without prefix caching: each request's blocks are its own, and back on the free list when it ends.
+    engine/prefix_cache.py's manager shares cached prefix blocks behind the same methods."""
+
+    caches_prefixes = False  # the scheduler calls cache_computed after each step only where this is true
+
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -20,11 +25,22 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks no running request holds (cached ones included: they can be evicted)."""
         return len(self.free_blocks)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_blocks)
+        """Blocks held by running requests."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that hold a cached prefix."""
+        return 0
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """The tokens of a request not yet admitted that admitting it now would take from the cache."""
+        return 0
 
     def try_allocate(self, request: Request, num_tokens: int, use_watermark: bool = True) -> bool:
         """Give ``request`` slots for ``num_tokens`` tokens if the free blocks (less the watermark) allow;
@@ -41,5 +57,12 @@ class KVCacheManager:
         table.extend(popleft() for _ in range(missing))
         return True
 
+    def cache_computed(self, request: Request) -> None:
+        """Offer the request's fully computed blocks to the cache (after a step advanced it)."""
+
     def free(self, request: Request) -> None:
         self.free_blocks.extend(self.block_tables.pop(request.request_id, ()))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix; how many blocks were cached."""
+        return 0

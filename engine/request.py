@@ -74,6 +74,7 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled
     finish_time: float | None = None  # when it finished or was aborted
     num_preemptions: int = 0  # times it was preempted (and recomputed)
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache when it was first admitted
 
 
 class Request:
@@ -89,6 +90,8 @@ class Request:
             [None] if params.prompt_logprobs is not None else None
         self.num_tokens = len(self.prompt_token_ids)  # prompt + output; kept by append_output (read every step)
         self.num_computed_tokens = 0
+        # The prefix cache's keys of its leading full blocks (engine/prefix_cache.py), made as they are needed.
+        self.block_keys: list[tuple[int | None, tuple[int, ...]]] = []
         self.status = RequestStatus.WAITING
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         # Generation stops at max_tokens or when the sequence fills the context window.

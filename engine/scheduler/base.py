@@ -120,6 +120,7 @@ class Scheduler(ABC):
         """Apply a step's result: advance each unit's computed tokens, append the sampled tokens (stamped
         ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
         updated, requests, discard_in_flight = [], self.requests, self.in_flight.discard
+        cache_computed = self.kv.cache_computed if self.kv.caches_prefixes else None
         for unit in output.units:
             request_id = unit.request_id
             discard_in_flight(request_id)
@@ -127,6 +128,8 @@ class Scheduler(ABC):
             if request is None:  # aborted while its step was in flight
                 continue
             request.num_computed_tokens += len(unit.token_ids)
+            if cache_computed is not None:
+                cache_computed(request)
             token = sampled.get(request_id)
             if token is None:
                 continue
@@ -197,7 +200,8 @@ class Scheduler(ABC):
         return None
 
     def try_admit(self, request: Request) -> bool:
-        """Move the head of the queue to running if a sequence slot and its KV blocks are available."""
+        """Move the head of the queue to running if a sequence slot and its KV blocks are available (a cached
+        prefix counts as computed from then on)."""
         if len(self.running) >= self.config.max_num_seqs:
             return False
         if not self.kv.try_allocate(request, self.reservation(request)):
@@ -245,11 +249,13 @@ class Scheduler(ABC):
             budget -= n
 
     def admit_whole_prefills(self, batch: Batch, now: float, token_budget: int | None = None) -> None:
-        """New requests FCFS with their whole prompt (no chunking), within an optional token budget."""
+        """New requests FCFS with their whole prompt (no chunking) less its cached prefix, within an optional
+        token budget."""
         while (request := self.next_arrived(now)) is not None:
-            n = request.num_uncomputed_tokens
-            if token_budget is not None and batch.num_prefill_tokens + n > token_budget:
-                return
+            if token_budget is not None:
+                n = request.num_uncomputed_tokens - self.kv.cached_prefix_tokens(request)
+                if batch.num_prefill_tokens + n > token_budget:
+                    return
             if not self.try_admit(request):
                 return
-            batch.chunks.append(PlannedChunk(request, n))
+            batch.chunks.append(PlannedChunk(request, request.num_uncomputed_tokens))

@@ -11,6 +11,9 @@ from stallfree.engine import SCHEDULERS
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.config.schema import BenchConfig
 
+# (section, field, default) of EngineConfig fields newer than the run ids (engine_identity).
+FIELDS_SINCE_RUN_IDS = (("cache", "enable_prefix_caching", False),)
+
 
 def chunk_size(cfg: BenchConfig) -> int | None:
     """The chunk size the run's policy uses; None for policies that ignore it."""
@@ -19,9 +22,14 @@ def chunk_size(cfg: BenchConfig) -> int | None:
 
 def engine_identity(cfg: BenchConfig) -> dict:
     """The run's engine as what tells one from another: every field of its EngineConfig, with the chunk
-    size None for policies that ignore it (``scheduler=vllm scheduler.chunk_size=256,512`` is one engine)."""
+    size None for policies that ignore it (``scheduler=vllm scheduler.chunk_size=256,512`` is one engine).
+    Fields added since run ids were first made count only away from their defaults, so the runs measured
+    before them keep their ids."""
     engine = dataclasses.asdict(cfg.engine_sections())
     engine["scheduler"]["chunk_size"] = chunk_size(cfg)
+    for section, key, default in FIELDS_SINCE_RUN_IDS:
+        if engine[section][key] == default:
+            del engine[section][key]
     return engine
 
 

@@ -150,6 +150,8 @@ class InProcessTarget:
         self.timeout_s = cfg.target.timeout_s
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        # One engine serves a sweep's runs, which replay the same prompts: no run starts on another's cache.
+        self.engine.reset_prefix_cache()
         return replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s, progress=progress,
                       pause_gc=self.pause_gc)
 

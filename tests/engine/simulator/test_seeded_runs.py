@@ -59,6 +59,8 @@ BATCH_FIELDS = ("iteration", "start_time", "end_time", "num_prefill_tokens", "nu
                 "num_decode_seqs", "prefill_attention_work", "decode_context_tokens", "num_preemptions",
                 "num_kv_blocks_used", "num_waiting", "num_running", "stage_busy_s", "stage_idle_s")
 OUTPUT_FIELDS = ("request_id", "prompt_token_ids", "token_ids", "finished", "finish_reason", "metrics")
+METRICS_FIELDS = ("arrival_time", "first_scheduled_time", "first_token_time", "token_times", "finish_time",
+                  "num_preemptions")
 
 
 def pick(row: dict, names: tuple[str, ...]) -> dict:
@@ -92,6 +94,8 @@ def run_engine(case: str) -> dict:
         outputs = engine.step()
         steps.append([(out.request_id, out.new_token_ids, len(out.token_ids), out.finish_reason) for out in outputs])
         finished += [pick(dataclasses.asdict(out), OUTPUT_FIELDS) for out in outputs if out.finished]
+    for out in finished:
+        out["metrics"] = pick(out["metrics"], METRICS_FIELDS)
     return {"steps": steps, "finished": finished,
             "batches": [pick(as_row(b), BATCH_FIELDS) for b in engine.batch_records]}
 
