@@ -79,6 +79,7 @@ class LLMEngine:
         self.dead: str | None = None  # why the runner can run no more (a worker process died)
         self._ids = itertools.count()
         self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
+        self._prefix_counts = (0, 0, 0)  # the KV manager's prefix-cache counters at the last record
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -212,6 +213,9 @@ class LLMEngine:
         return len(finished)
 
     def _record(self, out: SchedulerOutput, start: float, end: float, result: ModelRunnerOutput) -> None:
+        kv, last = self.kv, self._prefix_counts
+        self._prefix_counts = (kv.num_query_tokens, kv.num_hit_tokens, kv.num_evictions)
+        queried, cached, evicted = (now - before for now, before in zip(self._prefix_counts, last, strict=True))
         self.batch_records.append(BatchRecord(
             iteration=next(self._iterations), start_time=start, end_time=end,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
@@ -221,7 +225,9 @@ class LLMEngine:
             num_waiting=self.num_waiting, num_running=self.num_running,
             stage_busy_s=list(result.stage_busy_s), stage_idle_s=list(result.stage_idle_s),
             stage_handoff_s=list(result.stage_handoff_s),
-            cpu_threads=result.cpu_threads, **self.utilization.fields(out.units, end - start, result.operator_split)))
+            cpu_threads=result.cpu_threads, prefix_cache_queried_tokens=queried, num_cached_tokens=cached,
+            num_kv_blocks_evicted=evicted, num_kv_blocks_cached=kv.num_cached_free_blocks,
+            **self.utilization.fields(out.units, end - start, result.operator_split)))
 
     def check_alive(self) -> None:
         """Raise RunnerDead once the runner can run no more (its cause in the message)."""

@@ -15,6 +15,8 @@ class KVCacheManager:
     engine/prefix_cache.py's manager shares cached prefix blocks behind the same methods."""
 
     caches_prefixes = False  # the scheduler calls cache_computed after each step only where this is true
+    # Prefix-cache counters (in tokens, at admissions; blocks evicted), kept by the caching manager.
+    num_query_tokens = num_hit_tokens = num_evictions = 0
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         self.num_blocks = num_blocks

@@ -42,6 +42,11 @@ class BatchRecord:
     # the part of each stage's idle time spent taking the micro-batch once it was sent and the stage free
     stage_handoff_s: list[float] = field(default_factory=list)
     cpu_threads: int = 0  # CPU threads the iteration ran with (engine/runner/cpu_threads.py); 0: not on the CPU
+    # Prefix caching (engine/prefix_cache.py; all 0 without it), counted since the previous record:
+    prefix_cache_queried_tokens: int = 0  # tokens of the requests admitted, looked up in the cache
+    num_cached_tokens: int = 0  # of those, tokens taken from the cache (not computed)
+    num_kv_blocks_evicted: int = 0  # cached blocks handed out for other tokens
+    num_kv_blocks_cached: int = 0  # free blocks holding a cached prefix after the step (not in num_kv_blocks_used)
     # Utilisation (engine/utilization): counted from the shapes, against this machine's limits.
     model_flops: float = 0.0  # the iteration's model FLOPs (linear layers and attention)
     bytes_moved: float = 0.0  # weights read, KV read and written

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from stallfree.engine import RequestMetrics, RequestOutput, SamplingParams, TokenLogprob
 from stallfree.engine.request_limits import InvalidParam
+from stallfree.engine.server.commands import EngineDead, EngineFailed, QueueFull, Submission
 from stallfree.engine.server.logprobs_format import Entry
-from stallfree.engine.server.loop import EngineDead, EngineFailed, EngineLoop, QueueFull, Submission
+from stallfree.engine.server.loop import EngineLoop
 from stallfree.engine.server.protocol import APIError
 from stallfree.engine.server.text import ChoiceText
 
@@ -32,6 +33,7 @@ class _Choice:
     text: ChoiceText
     num_prompt_tokens: int
     num_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (known once it is scheduled)
     done: bool = False
     timings: dict | None = None  # once finished
 
@@ -77,10 +79,11 @@ class Generation:
         return cls(engine_loop, sub, choices)
 
     @property
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict:
         prompt = sum(c.num_prompt_tokens for c in self.choices)
         completion = sum(c.num_tokens for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(c.num_cached_tokens for c in self.choices)}}
 
     @property
     def timings(self) -> dict | None:
@@ -110,6 +113,7 @@ class Generation:
     def _token_events(self, choice: _Choice, index: int, out: RequestOutput) -> list[TokenEvent]:
         events = []
         first_new = len(out.token_ids) - len(out.new_token_ids)
+        choice.num_cached_tokens = out.metrics.num_cached_tokens
         for k, token in enumerate(out.new_token_ids):
             if choice.done:  # outputs still in flight after a stop string ended the choice
                 break

@@ -23,7 +23,7 @@ logger = logging.getLogger("stallfree.server")
 T = TypeVar("T")
 # Paths that need the API key (when there is one), each with everything below it; /health never does,
 # /metrics only with metrics_require_api_key. vLLM checks the key on /v1 alone.
-API_KEY_PREFIXES = ("/v1", "/tokenize", "/stallfree")
+API_KEY_PREFIXES = ("/v1", "/tokenize", "/stallfree", "/reset_prefix_cache")
 
 
 class ClientDisconnected(Exception):

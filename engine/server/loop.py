@@ -1,6 +1,6 @@
 """The engine thread: the only code that touches the (not thread-safe) LLMEngine, from its construction.
 
-Submissions and aborts come in through a condition-guarded command list; outputs go back to each
+Submissions, aborts and calls (engine/server/commands.py) come in through a condition-guarded command list; outputs go back to each
 submission's asyncio queue with ``loop.call_soon_threadsafe``. With nothing unfinished the thread
 sleeps on the condition (no busy spin).
 
@@ -17,9 +17,16 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from stallfree.engine import LLMEngine, RequestOutput, SamplingParams
+from stallfree.engine.server.commands import (
+    Abort,
+    EngineCall,
+    EngineDead,
+    EngineFailed,
+    QueueFull,
+    Submission,
+)
 from stallfree.engine.server.history import BatchHistory
 from stallfree.engine.server.metrics import ServerMetrics
 
@@ -27,42 +34,6 @@ logger = logging.getLogger("stallfree.server")
 
 # When requests are unfinished but an iteration scheduled nothing, wait this long before retrying.
 STALL_WAIT_S = 0.005
-
-
-class EngineDead(RuntimeError):
-    """The engine thread is not running (it died, or the server is shutting down)."""
-
-
-class EngineFailed(RuntimeError):
-    """engine.step raised while the request was in the engine and the request was dropped: the step
-    failed on this request alone (the engine ended it), or it raised outside the runner (every request
-    in the engine is failed)."""
-
-
-class QueueFull(RuntimeError):
-    """Admitting the request would exceed max_waiting."""
-
-
-@dataclass(eq=False)
-class Submission:
-    """The engine requests of one HTTP request (one per prompt).
-
-    The engine thread puts on ``queue``: ``None`` once all are added, then lists of
-    (prompt index, RequestOutput) per iteration; or one exception that ends the submission.
-    """
-
-    request_ids: list[str]
-    prompts: list[list[int]]
-    params: list[SamplingParams]
-    arrival_time: float
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-
-@dataclass
-class Abort:
-    request_id: str
-    reason: str  # finish reason for the metrics: "abort" (client gone) or "stop" (stop string)
 
 
 class EngineLoop:
@@ -77,7 +48,7 @@ class EngineLoop:
         self.error: str | None = None  # why the thread died
         self.on_death: Callable[[], None] | None = None  # called on the engine thread if it dies (stallfree-serve exits)
         self._cond = threading.Condition()
-        self._commands: list[Submission | Abort] = []
+        self._commands: list[Submission | Abort | EngineCall] = []
         self._stopping = False
         self._started = threading.Event()
         self._submissions = itertools.count()
@@ -134,10 +105,16 @@ class EngineLoop:
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._post(Abort(request_id, reason))
 
-    def _post(self, command: Submission | Abort) -> None:
+    async def call(self, fn: Callable[[LLMEngine], object]) -> object:
+        """``fn(engine)``'s result, run on the engine thread between steps; raises what it raised, or EngineDead."""
+        call = EngineCall(fn, asyncio.get_running_loop().create_future())
+        self._post(call)
+        return await call.future
+
+    def _post(self, command: Submission | Abort | EngineCall) -> None:
         with self._cond:
             if not self.alive:
-                if isinstance(command, Submission):
+                if not isinstance(command, Abort):
                     raise EngineDead(self.error or "the engine is not running")
                 return
             self._commands.append(command)
@@ -182,8 +159,10 @@ class EngineLoop:
             subs = {s for s in pending if isinstance(s, Submission)} | {s for s, _ in self._routes.values()}
             for sub in subs:
                 self._deliver(sub, dead)
+            for call in (c for c in pending if isinstance(c, EngineCall)):
+                call.future.get_loop().call_soon_threadsafe(call.future.set_exception, dead)
 
-    def _wait_for_work(self) -> list[Submission | Abort] | None:
+    def _wait_for_work(self) -> list[Submission | Abort | EngineCall] | None:
         with self._cond:
             if not self._commands and not self._stopping:
                 if not self.engine.has_unfinished():
@@ -195,7 +174,14 @@ class EngineLoop:
             commands, self._commands = self._commands, []
             return commands
 
-    def _apply(self, command: Submission | Abort) -> None:
+    def _apply(self, command: Submission | Abort | EngineCall) -> None:
+        if isinstance(command, EngineCall):
+            try:
+                settle, value = command.future.set_result, command.fn(self.engine)
+            except Exception as exc:
+                settle, value = command.future.set_exception, exc
+            command.future.get_loop().call_soon_threadsafe(settle, value)
+            return
         if isinstance(command, Abort):
             if self._routes.pop(command.request_id, None) and (aborted := self.engine.abort(command.request_id)):
                 self.metrics.observe_finished(aborted, command.reason)

@@ -55,6 +55,15 @@ class ServerMetrics:
         self.generation_tokens = child(Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r))
         self.preemptions = child(Counter("vllm:num_preemptions", "Preemptions (by recompute).", labels,
                                          registry=r))
+        # vLLM's prefix-cache counters (tokens of admitted requests looked up / found), stallfree's cache size
+        self.prefix_cache_queries = child(Counter("vllm:prefix_cache_queries", "Prefix cache queries, in "
+                                                  "tokens (the prompts of admitted requests).", labels, registry=r))
+        self.prefix_cache_hits = child(Counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens (taken "
+                                               "from the cache, not computed).", labels, registry=r))
+        self.prefix_cache_blocks = child(Gauge("stallfree:prefix_cache_blocks", "Free KV blocks holding a cached "
+                                               "prefix (evictable).", labels, registry=r))
+        self.prefix_cache_evictions = child(Counter("stallfree:prefix_cache_evictions", "Cached KV blocks "
+                                                    "evicted for other tokens.", labels, registry=r))
         self.ttft = child(Histogram("vllm:time_to_first_token_seconds", "Time to first token (server side).",
                                     labels, buckets=TTFT_BUCKETS, registry=r))
         self.tbt = child(Histogram("vllm:inter_token_latency_seconds", "Time between consecutive output "
@@ -116,6 +125,10 @@ class ServerMetrics:
         self.iteration_prefill_tokens.inc(record.num_prefill_tokens)
         self.iteration_decode_tokens.inc(record.num_decode_tokens)
         self.preemptions.inc(record.num_preemptions)
+        self.prefix_cache_queries.inc(record.prefix_cache_queried_tokens)
+        self.prefix_cache_hits.inc(record.num_cached_tokens)
+        self.prefix_cache_evictions.inc(record.num_kv_blocks_evicted)
+        self.prefix_cache_blocks.set(record.num_kv_blocks_cached)
         if record.mfu is not None:
             self.iteration_mfu.observe(record.mfu)
             self.iteration_mbu.observe(record.mbu)

@@ -5,9 +5,9 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+from stallfree.engine.server.commands import EngineDead, EngineFailed
 from stallfree.engine.server.generate import Generation, TokenEvent, api_error
 from stallfree.engine.server.logprobs_format import Entry, LogprobFormat
-from stallfree.engine.server.loop import EngineDead, EngineFailed
 
 
 class OpenAIFormat:

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from stallfree.engine.server.generate import Generation
+from stallfree.engine.server.commands import EngineDead
+from stallfree.engine.server.generate import Generation, api_error
 from stallfree.engine.server.http import SSEResponse, until_disconnected
 from stallfree.engine.server.logprobs_format import LogprobFormat
 from stallfree.engine.server.openai_format import OpenAIFormat, collect, stream_events
@@ -91,6 +92,16 @@ async def batches(st: State, since: float = 0.0, limit: Annotated[int | None, Qu
     """The retained BatchRecords (one per iteration) that started at or after ``since`` (epoch s), at
     most ``limit`` of them; ``next_since`` is the ``since`` of the next page (null: none)."""
     return StreamingResponse(st.engine_loop.history.page_json(since, limit), media_type="application/json")
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(st: State) -> JSONResponse:
+    """Forget every cached prefix (vLLM's route): the next requests compute their whole prompts."""
+    try:
+        forgotten = await st.engine_loop.call(lambda engine: engine.reset_prefix_cache())
+    except EngineDead as exc:
+        raise api_error(exc) from None
+    return JSONResponse({"status": "ok", "forgotten_blocks": forgotten})
 
 
 @router.get("/metrics")

@@ -29,7 +29,7 @@ from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.openai_server import settled_shape
 from stallfree.loadgen.targets.serve_process import ServeProcess
-from stallfree.loadgen.targets.server_check import describe_server
+from stallfree.loadgen.targets.server_check import describe_server, reset_prefix_cache
 from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import RequestSpec, with_text_prompts
 
@@ -119,6 +119,7 @@ class LocustTarget:
         self.output = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
         if self.texts is not None:
             specs = with_text_prompts(specs, self.texts)
+        reset = reset_prefix_cache(self.url)
         with MetricsScraper(self.url, self.metrics_interval_s) as scraper:
             records = run_locust(self.url, specs, self.output, model=self.served_model, workers=self.workers,
                                  timeout_s=self.timeout_s, max_in_flight=self.max_in_flight,
@@ -127,7 +128,7 @@ class LocustTarget:
             record.is_warmup = i < warmup
             if progress is not None:
                 progress(record)
-        return Replay(records, None, scraper.result)
+        return Replay(records, None, scraper.result, prefix_cache_reset=reset)
 
     def finalize(self, run_dir: Path) -> None:
         """Move the last replay's Locust outputs into ``run_dir/locust/``."""

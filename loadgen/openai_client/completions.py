@@ -74,6 +74,8 @@ def apply_sse_event(data: bytes, received: float, record: RequestRecord) -> None
         record.output_tokens = usage["completion_tokens"]
     if usage.get("prompt_tokens") is not None:  # the server's count of a text prompt's tokens
         record.prompt_tokens = usage["prompt_tokens"]
+    if (usage.get("prompt_tokens_details") or {}).get("cached_tokens") is not None:  # OpenAI's and vLLM's field
+        record.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
     for key, value in (chunk.get("stallfree") or {}).items():
         if key in SERVER_FIELDS:
             setattr(record, SERVER_FIELDS[key], value)

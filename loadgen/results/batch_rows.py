@@ -23,6 +23,8 @@ BATCH_SCHEMA = pa.schema([
     ("prefill_attention_work", _INT), ("decode_context_tokens", _INT), ("num_preemptions", _INT),
     ("num_kv_blocks_used", _INT), ("num_waiting", _INT), ("num_running", _INT),
     ("stage_busy_s", _FLOATS), ("stage_idle_s", _FLOATS), ("stage_handoff_s", _FLOATS), ("cpu_threads", _INT),
+    ("prefix_cache_queried_tokens", _INT), ("num_cached_tokens", _INT), ("num_kv_blocks_evicted", _INT),
+    ("num_kv_blocks_cached", _INT),
     ("model_flops", _FLOAT), ("bytes_moved", _FLOAT), ("mfu", _FLOAT), ("mbu", _FLOAT),
     ("linear_s", _FLOAT), ("attention_s", _FLOAT), ("other_s", _FLOAT),
 ])

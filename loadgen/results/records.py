@@ -39,6 +39,7 @@ class RequestRecord:
     server_finish_time: float | None = None
     server_token_times: list[float] | None = None
     num_preemptions: int | None = None  # times the server preempted the request
+    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
 
     @classmethod
     def unsent(cls, spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> RequestRecord:

@@ -56,14 +56,15 @@ PREFIX_CACHE_WARN_RATE = 0.1  # a run above it measured a prefix cache's hits, n
 def prefix_cache_warning(summary: dict) -> str | None:
     """One line when the server served a share of the prompt tokens from its prefix cache; None otherwise.
     The workload's prompts come from its seed, so every run of a sweep or search sends the same ones and a
-    server that caches prefixes skips most prefills from its second run on: not like for like with an
-    engine without a prefix cache (stallfree)."""
+    server whose cache was not reset between runs skips most prefills from its second run on: not like for
+    like with an engine that computes them."""
     rate = summary.get("server_prefix_cache_hit_rate")
-    if rate is None or rate < PREFIX_CACHE_WARN_RATE:
-        return None
+    if rate is None or rate < PREFIX_CACHE_WARN_RATE or summary.get("prefix_cache_reset") == "reset":
+        return None  # a cache emptied before the run holds only the reuse within it, the workload's own
     return (f"warning: the server served {rate:.0%} of the prompt tokens from its prefix cache (the runs of a "
             "sweep send the same prompts): its prefills are mostly skipped, so latencies and capacity are not "
-            "like for like with an engine without one; start it without (vLLM: --no-enable-prefix-caching)")
+            "like for like with an engine that computes them; start it without (vLLM: --no-enable-prefix-caching) "
+            "or with POST /reset_prefix_cache (vLLM: VLLM_SERVER_DEV_MODE=1)")
 
 
 def series_summary(series: pd.DataFrame, window: tuple[float, float] | None) -> dict:
@@ -76,5 +77,7 @@ def series_summary(series: pd.DataFrame, window: tuple[float, float] | None) -> 
         "server_peak_kv_cache_usage": _peak(series, "kv_cache_usage"),
         "server_preemptions": counter_increase(series, "preemptions_total"),
         "server_prefix_cache_hit_rate": hits / queries if queries and hits is not None else None,
+        "server_peak_prefix_cache_blocks": _peak(series, "prefix_cache_blocks"),
+        "server_prefix_cache_evictions": counter_increase(series, "prefix_cache_evictions_total"),
         "server_queue_growing": queue_growing(series, window),
     }

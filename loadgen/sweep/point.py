@@ -182,6 +182,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
                **server_metrics_summary(replay.server_metrics, replay.records),
+               "prefix_cache_reset": replay.prefix_cache_reset,
                **dataclasses.asdict(where)}
     with experiment_lock(plan.exp_dir):
         if (kept := _kept_summary(plan, cfg.rerun)) is not None:  # a parallel job measured it first: keep its run

@@ -38,6 +38,8 @@ class Replay:
     records: list[RequestRecord]  # one per spec, in spec order
     batches: list[dict] | None  # the engine's iterations during the replay, when the target can see them
     server_metrics: ServerMetrics | None = None  # the server's /metrics during the replay; None: no server
+    # whether the target's prefix cache was emptied before the replay: reset, or not reset: why
+    prefix_cache_reset: str | None = None
 
 
 class Target(Protocol):

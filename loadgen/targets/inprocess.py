@@ -40,6 +40,7 @@ def _end(record: RequestRecord, status: str, error: str | None, finish_time: flo
         record.token_times = list(metrics.token_times)
         record.server_first_scheduled_time = metrics.first_scheduled_time
         record.num_preemptions = metrics.num_preemptions
+        record.cached_tokens = metrics.num_cached_tokens
     record.server_token_times = record.token_times
     record.server_finish_time = finish_time
     record.end(status, error, finish_time)
@@ -152,8 +153,10 @@ class InProcessTarget:
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         # One engine serves a sweep's runs, which replay the same prompts: no run starts on another's cache.
         self.engine.reset_prefix_cache()
-        return replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s, progress=progress,
+        done = replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s, progress=progress,
                       pause_gc=self.pause_gc)
+        done.prefix_cache_reset = "reset"
+        return done
 
     def finalize(self, run_dir: Path) -> None:
         pass

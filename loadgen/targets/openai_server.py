@@ -20,7 +20,7 @@ from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay, RequestShape
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess
-from stallfree.loadgen.targets.server_check import describe_server, probe_request_shape
+from stallfree.loadgen.targets.server_check import describe_server, probe_request_shape, reset_prefix_cache
 from stallfree.loadgen.targets.server_metrics import MetricsScraper
 from stallfree.loadgen.workload.request_specs import RequestSpec, with_text_prompts
 from stallfree.loadgen.workload.text_prompts import LengthTexts, load_tokenizer
@@ -60,9 +60,10 @@ class _OpenLoopHttpTarget:
                                   nice=self.client_nice)
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
+        reset = reset_prefix_cache(self.url)
         with MetricsScraper(self.url, self.metrics_interval_s) as scraper:
             replay = self.send_recorded(specs, warmup=warmup, progress=progress)
-        replay.server_metrics = scraper.result
+        replay.server_metrics, replay.prefix_cache_reset = scraper.result, reset
         return replay
 
     def send_recorded(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:

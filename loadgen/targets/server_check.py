@@ -5,7 +5,8 @@
 * what it is (``ServerInfo.label``, e.g. ``vllm 0.32.0 (url)``): the engine from its model's ``owned_by``
   or its ``Server`` header, the version from ``GET /version`` or that header;
 * which request shapes it takes (``probe_request_shape``): token-id prompts and vLLM's ``ignore_eos`` are
-  extensions another server may refuse (HTTP 400), so one tiny request of each settles ``auto``.
+  extensions another server may refuse (HTTP 400), so one tiny request of each settles ``auto``;
+* and, before each run, that it forgets its cached prefixes (``reset_prefix_cache``).
 """
 from __future__ import annotations
 
@@ -136,3 +137,19 @@ def probe_request_shape(url: str, model: str, token_ids: str | bool, ignore_eos:
         eos_refused = _rejection(url, "/v1/completions", {**base, "prompt": "Hello", "ignore_eos": True})
     return RequestShape(_settle(token_ids, "token_ids", "token-id prompts", ids_refused),
                         _settle(ignore_eos, "ignore_eos", "ignore_eos", eos_refused))
+
+
+def reset_prefix_cache(url: str) -> str:
+    """``POST /reset_prefix_cache`` (stallfree-serve's and vLLM's route): a sweep's runs send the same prompts,
+    so a server whose prefix cache kept them would skip the prefills of every run after the first. What
+    happened, for the run's summary: ``reset``, or ``not reset: ...`` (vLLM has the route only with
+    VLLM_SERVER_DEV_MODE=1; its hit rate then says how much the runs before warmed it)."""
+    request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            response.read()
+    except urllib.error.HTTPError as e:
+        return f"not reset: POST /reset_prefix_cache answered HTTP {e.code}"
+    except (urllib.error.URLError, OSError) as e:
+        return f"not reset: POST /reset_prefix_cache failed ({getattr(e, 'reason', e)})"
+    return "reset"

@@ -4,7 +4,8 @@ engine: its series names (which differ by engine and version) mapped onto ours, 
 Ours (``METRICS``): ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (fraction of the KV
 cache in use, 0-1), and the counters ``preemptions_total``, ``prefix_cache_queries_total`` /
 ``prefix_cache_hits_total`` (prompt tokens looked up in / found in the prefix cache). stallfree's own
-server also gives the ``_sum`` / ``_count`` of its per-iteration MFU and MBU histograms.
+server also gives the ``_sum`` / ``_count`` of its per-iteration MFU and MBU histograms, and its prefix cache's
+size ``prefix_cache_blocks`` (free blocks holding a cached prefix) and ``prefix_cache_evictions_total``.
 
 A page's engine is the first of ``ENGINES`` one of whose series carries its prefix (stallfree's server
 uses vLLM's names and adds ``stallfree:`` series, so it comes first). Each of our metrics is the first of
@@ -42,7 +43,8 @@ class Page:
 
 
 QUEUE = ("requests_running", "requests_waiting")
-METRICS = (*QUEUE, "kv_cache_usage", "preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total")
+METRICS = (*QUEUE, "kv_cache_usage", "preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
+           "prefix_cache_blocks", "prefix_cache_evictions_total")
 VLLM = (
     Series("requests_running", ("vllm:num_requests_running",)),
     Series("requests_waiting", ("vllm:num_requests_waiting",)),
@@ -53,6 +55,8 @@ VLLM = (
 )
 STALLFREE = (
     *VLLM,
+    Series("prefix_cache_blocks", ("stallfree:prefix_cache_blocks",)),
+    Series("prefix_cache_evictions_total", ("stallfree:prefix_cache_evictions",)),
     *(Series(f"iteration_{u}_{part}", (f"stallfree:iteration_{u}_{part}",))
       for u in ("mfu", "mbu") for part in ("sum", "count")),
 )

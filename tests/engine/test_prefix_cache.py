@@ -58,6 +58,11 @@ def test_greedy_tokens_equal_hf_and_caching_off(policy, tiny_path, prompts, hf_r
     off = make_engine(tiny_path, policy, caching=False)
     assert run_staggered(off, prompts, MAX_TOKENS, gap=3) == outputs
     assert computed == sum(r.num_prefill_tokens for r in off.batch_records) - engine.kv.num_hit_tokens
+    records = engine.batch_records
+    assert sum(r.num_cached_tokens for r in records) == engine.kv.num_hit_tokens
+    assert sum(r.prefix_cache_queried_tokens for r in records) == engine.kv.num_query_tokens
+    assert records[-1].num_kv_blocks_cached == engine.kv.num_cached_free_blocks > 0
+    assert not any(r.num_cached_tokens or r.num_kv_blocks_cached for r in off.batch_records)
     assert_all_released(engine)
 
 

@@ -191,6 +191,8 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
             model = request.get("model", "")
             if method == "get":
                 writer.write(_describe(path, state))
+            elif path == "/reset_prefix_cache":  # vLLM has it only with VLLM_SERVER_DEV_MODE=1
+                writer.write(_error_response(404))
             elif model.startswith(ERROR_MODEL_PREFIX):
                 writer.write(_error_response(int(model.removeprefix(ERROR_MODEL_PREFIX))))
             elif (reason := behaviour.rejection(request)) is not None:

@@ -68,3 +68,7 @@ def test_a_run_served_from_a_prefix_cache_gets_one_warning_line():
     assert "--no-enable-prefix-caching" in warning
     assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.02}) is None
     assert prefix_cache_warning({"server_prefix_cache_hit_rate": None}) is None
+    # emptied before the run: its hits are the workload's own reuse
+    assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86, "prefix_cache_reset": "reset"}) is None
+    assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86,
+                                 "prefix_cache_reset": "not reset: POST /reset_prefix_cache answered HTTP 404"})

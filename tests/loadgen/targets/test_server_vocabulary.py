@@ -92,12 +92,17 @@ def test_stallfree_servers_own_page():
     metrics.set_state(num_running=3, num_waiting=2, kv_usage=0.75)
     metrics.preemptions.inc(6)
     metrics.iteration_mfu.observe(0.5)
+    metrics.prefix_cache_queries.inc(100)
+    metrics.prefix_cache_hits.inc(64)
+    metrics.prefix_cache_blocks.set(4)
+    metrics.prefix_cache_evictions.inc(2)
     engine, got, _ = values(metrics.render().decode())
     assert engine == "stallfree"
     assert got["requests_running"] == 3 and got["requests_waiting"] == 2 and got["kv_cache_usage"] == 0.75
     assert got["preemptions_total"] == 6
     assert got["iteration_mfu_sum"] == 0.5 and got["iteration_mfu_count"] == 1
-    assert "prefix_cache_queries_total" not in got  # stallfree has no prefix cache
+    assert got["prefix_cache_queries_total"] == 100 and got["prefix_cache_hits_total"] == 64
+    assert got["prefix_cache_blocks"] == 4 and got["prefix_cache_evictions_total"] == 2
 
 
 def test_an_unknown_engine_gives_no_samples_and_garbage_does_not_parse():

@@ -88,3 +88,25 @@ def test_targets_package_does_not_load_torch():
 
     code = "import sys, loadgen.sweep.bench, loadgen.targets; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_inprocess_target_starts_each_run_on_an_empty_prefix_cache(tmp_path):
+    """A sweep's runs replay the same prompts on one engine: the second would find them all cached."""
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.loadgen.config.schema import load_bench
+    from stallfree.loadgen.targets.inprocess import InProcessTarget
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = load_bench(compose("bench", ["model=tiny", "model.dtype=float32", "cache.enable_prefix_caching=true"]))
+    target = InProcessTarget(cfg, tmp_path)
+    specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 40, "output": 2}, 2, 0, 1000)
+    for _ in range(2):
+        done = target.replay(specs, warmup=0, progress=None)
+        assert done.prefix_cache_reset == "reset"
+        assert [r.cached_tokens for r in done.records] == [0, 0]
+    target.engine.add_request(specs[0].prompt_token_ids + [5], request_id="again")
+    while target.engine.has_unfinished():
+        target.engine.step()
+    assert target.engine.kv.num_hit_tokens == 32  # the cache was on: two 16-token blocks of the last run
+    target.close()
