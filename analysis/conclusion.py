@@ -29,7 +29,7 @@ from stallfree.analysis.capacity_ranking import (
     disturbance,
 )
 from stallfree.analysis.load import disturbed_mask
-from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_RATE
+from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS
 
 # --- capacities from the results ------------------------------------------------------------------
 
@@ -160,12 +160,15 @@ def tbt_by_qps(runs: pd.DataFrame, slos: Mapping[str, float]) -> list[str]:
 
 
 def prefix_cache_note(runs: pd.DataFrame) -> str | None:
-    """The configs whose server served a share of the prompt tokens from its prefix cache (the median over
-    their runs at or above PREFIX_CACHE_WARN_RATE), or None."""
+    """The configs whose server served more of the prompt tokens from its prefix cache than the workload's own
+    reuse gives (the medians over their runs PREFIX_CACHE_WARN_POINTS or more apart; a run without
+    ``workload_ideal_hit_rate``: none), or None."""
     if runs.empty or "server_prefix_cache_hit_rate" not in runs:
         return None
-    rates = runs.groupby("config", sort=False)["server_prefix_cache_hit_rate"].median().dropna()
-    cached = rates[rates >= PREFIX_CACHE_WARN_RATE]
+    ideal = runs["workload_ideal_hit_rate"].fillna(0.0) if "workload_ideal_hit_rate" in runs else 0.0
+    by_config = runs.assign(ideal=ideal).groupby("config", sort=False)
+    rates = by_config["server_prefix_cache_hit_rate"].median().dropna()
+    cached = rates[rates >= by_config["ideal"].median()[rates.index] + PREFIX_CACHE_WARN_POINTS]
     if cached.empty:
         return None
     named = "; ".join(f"{config} served {rate:.0%} of its prompt tokens from its prefix cache"

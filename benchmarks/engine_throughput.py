@@ -55,6 +55,7 @@ def run_engine(model: str, policy: str, prompts, max_tokens: int, dtype: str, **
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     llm.engine.batch_records.clear()
+    llm.engine.reset_prefix_cache()  # the warm-up's prompts are measured again
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start

@@ -32,9 +32,9 @@ from stallfree.loadgen.targets.server_process import ServerProcess
 
 
 def start_vllm(peer: str, model_dir: Path, port: int, chunk: int, dtype: str, kv_gib: float,
-               log: Path) -> ServerProcess:
+               log: Path, *extra: str) -> ServerProcess:
     command = ["bash", peer, "serve", str(model_dir), str(port), "--enable-chunked-prefill",
-               "--max-num-batched-tokens", str(chunk), "--dtype", dtype]
+               "--max-num-batched-tokens", str(chunk), "--dtype", dtype, *extra]
     env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                         "VLLM_CPU_KVCACHE_SPACE": f"{kv_gib:g}"}
     return ServerProcess(command, f"http://127.0.0.1:{port}", log, env=env).start()

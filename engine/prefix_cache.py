@@ -48,21 +48,23 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         return len(self._hits(request)) * self.block_size
 
     def try_allocate(self, request: Request, num_tokens: int, use_watermark: bool = True) -> bool:
-        request_id, pool = request.request_id, self.pool
-        table = self.block_tables.get(request_id)
-        if table is not None and len(table) * self.block_size >= num_tokens:
+        table = self.block_tables.get(request.request_id)
+        watermark = self.watermark_blocks if use_watermark else 0
+        if table is not None:  # a running request grows
+            missing = -(-num_tokens // self.block_size) - len(table)
+            if missing <= 0:  # most decodes: nothing to add
+                return True
+            if missing > self.pool.num_free - watermark:
+                return False
+            table.extend(self.pool.allocate(missing))
             return True
-        hits = self._hits(request) if table is None else []
-        missing = blocks_for(num_tokens, self.block_size) - len(hits) - (len(table) if table is not None else 0)
-        taken = missing + pool.num_free_taken_by(hits)
-        if taken > pool.num_free - (self.watermark_blocks if use_watermark else 0):
+        pool, hits = self.pool, self._hits(request)
+        missing = blocks_for(num_tokens, self.block_size) - len(hits)
+        if missing + pool.num_free_taken_by(hits) > pool.num_free - watermark:
             return False
-        if table is not None:
-            table.extend(pool.allocate(missing))
-            return True
         pool.hold(hits)
-        self.block_tables[request_id] = hits + pool.allocate(missing)
-        self.num_hit_blocks[request_id] = self.num_offered[request_id] = len(hits)
+        self.block_tables[request.request_id] = hits + pool.allocate(missing)
+        self.num_hit_blocks[request.request_id] = self.num_offered[request.request_id] = len(hits)
         cached_tokens = len(hits) * self.block_size
         request.num_computed_tokens = cached_tokens
         self.num_query_tokens += request.num_tokens
@@ -75,7 +77,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         request_id, block_size = request.request_id, self.block_size
         offered = self.num_offered.get(request_id)
         full = request.num_computed_tokens // block_size
-        if offered is None or full <= offered:  # most decodes: no block filled this step
+        if offered is None or full <= offered:
             return
         keys = self._keys(request, full)
         table = self.block_tables[request_id]
@@ -99,11 +101,13 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         token. None for a request asking prompt_logprobs: those are computed for every prompt token."""
         if request.params.prompt_logprobs is not None:
             return []
-        return self.pool.lookup(self._keys(request, (request.num_tokens - 1) // self.block_size))
+        usable = (request.num_tokens - 1) // self.block_size
+        return self.pool.lookup(self._keys(request, usable)[:usable])
 
     def _keys(self, request: Request, num_blocks: int) -> list[BlockKey]:
-        """The keys of the request's first ``num_blocks`` full blocks (kept on the request, made once)."""
+        """The keys of the request's full blocks, the first ``num_blocks`` at least (kept on the request, each
+        made once)."""
         keys, block_size = request.block_keys, self.block_size
         if len(keys) < num_blocks:
             extend_block_keys(keys, request.token_ids(len(keys) * block_size, num_blocks * block_size), block_size)
-        return keys[:num_blocks]
+        return keys

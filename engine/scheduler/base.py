@@ -120,16 +120,17 @@ class Scheduler(ABC):
         """Apply a step's result: advance each unit's computed tokens, append the sampled tokens (stamped
         ``now``) and finish requests that hit a stop condition. Returns the requests that got a token."""
         updated, requests, discard_in_flight = [], self.requests, self.in_flight.discard
-        cache_computed = self.kv.cache_computed if self.kv.caches_prefixes else None
+        # With prefix caching, a step that fills a block offers it to the cache (one decode step in block_size).
+        block_size = self.kv.block_size if self.kv.caches_prefixes else 0
         for unit in output.units:
             request_id = unit.request_id
             discard_in_flight(request_id)
             request = requests.get(request_id)
             if request is None:  # aborted while its step was in flight
                 continue
-            request.num_computed_tokens += len(unit.token_ids)
-            if cache_computed is not None:
-                cache_computed(request)
+            computed = request.num_computed_tokens = request.num_computed_tokens + len(unit.token_ids)
+            if block_size and computed // block_size > unit.num_computed_tokens // block_size:
+                self.kv.cache_computed(request)
             token = sampled.get(request_id)
             if token is None:
                 continue

@@ -39,7 +39,9 @@ G = TypeVar("G")
 @dataclass
 class WorkloadGroup:
     name: str
-    lengths: dict[str, Any]  # kind and its settings (loadgen.workload.request_specs.LENGTHS, text_prompts.TEXT_WORKLOADS)
+    # kind and its settings (loadgen.workload.request_specs.LENGTHS, text_prompts.TEXT_WORKLOADS,
+    # prefix_reuse.PROMPT_WORKLOADS)
+    lengths: dict[str, Any]
     max_total_tokens: int | None = None
     tokenizer: str | None = None  # counts a text workload's tokens; None: the model's own
 

@@ -50,21 +50,30 @@ def queue_growing(series: pd.DataFrame, window: tuple[float, float] | None) -> b
     return bool(trend > 0 and last.mean() - first.mean() >= max(QUEUE_GROWTH_MIN_REQUESTS, first.mean()))
 
 
-PREFIX_CACHE_WARN_RATE = 0.1  # a run above it measured a prefix cache's hits, not its prefills
+PREFIX_CACHE_WARN_POINTS = 0.1  # a server hit rate this far from the workload's ideal gets a warning line
 
 
 def prefix_cache_warning(summary: dict) -> str | None:
-    """One line when the server served a share of the prompt tokens from its prefix cache; None otherwise.
-    The workload's prompts come from its seed, so every run of a sweep or search sends the same ones and a
-    server whose cache was not reset between runs skips most prefills from its second run on: not like for
-    like with an engine that computes them."""
+    """One line when the server's prefix-cache hit rate is 10 points or more away from the rate the workload's
+    prompts give an unbounded cache (``workload_ideal_hit_rate``; a summary without it: 0); None otherwise.
+    Above it the cache was warm: every run of a sweep or search sends the same prompts, so a server whose cache
+    was not reset between runs skips most prefills from its second run on. Below it the server cached less
+    than the workload reuses: its cache is off, its blocks are larger than ``cache.block_size``, or it evicted."""
     rate = summary.get("server_prefix_cache_hit_rate")
-    if rate is None or rate < PREFIX_CACHE_WARN_RATE or summary.get("prefix_cache_reset") == "reset":
-        return None  # a cache emptied before the run holds only the reuse within it, the workload's own
-    return (f"warning: the server served {rate:.0%} of the prompt tokens from its prefix cache (the runs of a "
-            "sweep send the same prompts): its prefills are mostly skipped, so latencies and capacity are not "
-            "like for like with an engine that computes them; start it without (vLLM: --no-enable-prefix-caching) "
-            "or with POST /reset_prefix_cache (vLLM: VLLM_SERVER_DEV_MODE=1)")
+    if rate is None:
+        return None
+    ideal = summary.get("workload_ideal_hit_rate") or 0.0
+    if rate >= ideal + PREFIX_CACHE_WARN_POINTS:
+        return (f"warning: the server served {rate:.0%} of the prompt tokens from its prefix cache, where the "
+                f"workload's own reuse gives {ideal:.0%} (the runs of a sweep send the same prompts): its prefills "
+                "are mostly skipped, so latencies and capacity are not like for like with an engine that computes "
+                "them; start it without (vLLM: --no-enable-prefix-caching) or with POST /reset_prefix_cache "
+                "(vLLM: VLLM_SERVER_DEV_MODE=1)")
+    if rate <= ideal - PREFIX_CACHE_WARN_POINTS:
+        return (f"warning: the server served {rate:.0%} of the prompt tokens from its prefix cache, where the "
+                f"workload's prompts give an unbounded cache of cache.block_size-token blocks {ideal:.0%}: its "
+                "cache is off, its blocks are larger (set cache.block_size to its block size) or it evicted them")
+    return None
 
 
 def series_summary(series: pd.DataFrame, window: tuple[float, float] | None) -> dict:

@@ -44,6 +44,7 @@ from stallfree.loadgen.sweep.plan import RunPlan, plan_run
 from stallfree.loadgen.sweep.progress import RunPart, current
 from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.targets.server_metrics import ServerMetrics, not_scraped
+from stallfree.loadgen.workload.prefix_reuse import ideal_hit_rate
 from stallfree.loadgen.workload.request_specs import build_workload
 
 
@@ -183,6 +184,8 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
                **server_metrics_summary(replay.server_metrics, replay.records),
                "prefix_cache_reset": replay.prefix_cache_reset,
+               "workload_ideal_hit_rate": ideal_hit_rate(
+                   [s.prompt_token_ids for s in sorted(specs, key=lambda s: s.send_offset_s)], cfg.cache.block_size),
                **dataclasses.asdict(where)}
     with experiment_lock(plan.exp_dir):
         if (kept := _kept_summary(plan, cfg.rerun)) is not None:  # a parallel job measured it first: keep its run

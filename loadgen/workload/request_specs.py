@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.loadgen.workload.prefix_reuse import PROMPT_WORKLOADS, TokenIds
 from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, LengthTexts, Tokenizer, take
 
 TRACES_DIR = Path(__file__).parent / "traces"
@@ -192,7 +193,7 @@ def clip_lengths(prompt: np.ndarray, output: np.ndarray, max_total_tokens: int) 
 
 
 def _call(table: dict[str, Callable], section: str, config: dict, rng: np.random.Generator,
-          n_or_tokenizer: int | Tokenizer):
+          n_or_tokenizer: int | Tokenizer | TokenIds):
     """``table[kind](rng, n_or_tokenizer, **settings)``, each setting checked against the function's
     signature."""
     params = dict(config)
@@ -200,7 +201,7 @@ def _call(table: dict[str, Callable], section: str, config: dict, rng: np.random
     if kind not in table:
         raise ValueError(f"{section}.kind must be one of {sorted(table)}, got {kind!r}")
     fn = table[kind]
-    settings = list(inspect.signature(fn).parameters.values())[2:]  # after (rng, n) or (rng, tokenizer)
+    settings = list(inspect.signature(fn).parameters.values())[2:]  # after (rng, n), (rng, tokenizer) or (rng, draw)
     names = [p.name for p in settings]
     for key in params:
         if key not in names:
@@ -242,6 +243,13 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
     offsets = _call(ARRIVALS, "arrival", arrival, arrival_rng, num_requests)
     if is_text_workload(lengths):
         return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
+    if lengths.get("kind") in PROMPT_WORKLOADS:  # the prompts' tokens matter, not only their lengths
+        pairs = _call(PROMPT_WORKLOADS, "lengths", lengths, token_rng, TokenIds(num_requests, low_token_id, vocab_size))
+        longest = max(len(prompt) + output for prompt, output in pairs)
+        require(max_total_tokens is None or longest <= max_total_tokens, "max_total_tokens",
+                f">= the workload's longest request ({longest} tokens) or null", max_total_tokens)
+        return [RequestSpec(request_id=f"req-{i:06d}", send_offset_s=float(offsets[i]), prompt_token_ids=prompt,
+                            max_tokens=output) for i, (prompt, output) in enumerate(pairs)]
     prompt_lens, output_lens = _call(LENGTHS, "lengths", lengths, length_rng, num_requests)
     if max_total_tokens is not None:
         prompt_lens, output_lens = clip_lengths(prompt_lens, output_lens, max_total_tokens)

@@ -1,29 +1,12 @@
 """Automatic prefix caching in the engine: the same greedy tokens as without it and as HF transformers, cached
 prefixes not computed again, references released exactly once."""
-import random
-
 import pytest
 
 from stallfree.engine import SCHEDULERS, LLMEngine, SamplingParams
 from stallfree.engine.prefix_cache import PrefixCachingKVCacheManager
-from tests.helpers.engine import hf_greedy, run_staggered
+from tests.helpers.engine import BLOCK, hf_greedy, run_staggered, shared_prefix_prompts
 
-BLOCK = 8
 MAX_TOKENS = 6
-
-
-def shared_prefix_prompts() -> list[list[int]]:
-    """Prompts on two prefixes: whole blocks shared, a partial block shared, a prompt equal to its prefix
-    (cached whole on its second coming), one shorter than a block, one longer than a chunk."""
-    rng = random.Random(7)
-    a = [rng.randrange(3, 2000) for _ in range(5 * BLOCK)]
-    b = [rng.randrange(3, 2000) for _ in range(3 * BLOCK + 3)]
-
-    def tail(n):
-        return [rng.randrange(3, 2000) for _ in range(n)]
-
-    return [a + tail(9), a + tail(1), a, a, b + tail(20), a[:BLOCK + 3] + tail(4), tail(5), b + tail(90),
-            a + tail(13), b[:2 * BLOCK]]
 
 
 @pytest.fixture(scope="module")

@@ -54,3 +54,20 @@ def run_staggered(engine: LLMEngine, prompts: list[list[int]], max_tokens, gap: 
                 outputs[out.request_id] = out.token_ids
         iteration += 1
     return outputs
+
+
+BLOCK = 8  # the KV block size of the prefix-caching tests
+
+
+def shared_prefix_prompts() -> list[list[int]]:
+    """Prompts on two prefixes: whole blocks shared, a partial block shared, a prompt equal to its prefix
+    (cached whole on its second coming), one shorter than a block, one longer than a chunk."""
+    rng = random.Random(7)
+    a = [rng.randrange(3, 2000) for _ in range(5 * BLOCK)]
+    b = [rng.randrange(3, 2000) for _ in range(3 * BLOCK + 3)]
+
+    def tail(n):
+        return [rng.randrange(3, 2000) for _ in range(n)]
+
+    return [a + tail(9), a + tail(1), a, a, b + tail(20), a[:BLOCK + 3] + tail(4), tail(5), b + tail(90),
+            a + tail(13), b[:2 * BLOCK]]

@@ -68,7 +68,8 @@ def test_a_run_served_from_a_prefix_cache_gets_one_warning_line():
     assert "--no-enable-prefix-caching" in warning
     assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.02}) is None
     assert prefix_cache_warning({"server_prefix_cache_hit_rate": None}) is None
-    # emptied before the run: its hits are the workload's own reuse
-    assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86, "prefix_cache_reset": "reset"}) is None
-    assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86,
-                                 "prefix_cache_reset": "not reset: POST /reset_prefix_cache answered HTTP 404"})
+    # the workload's own reuse is no warm cache; a cache that misses it is no cache
+    assert prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86, "workload_ideal_hit_rate": 0.84}) is None
+    cold = prefix_cache_warning({"server_prefix_cache_hit_rate": 0.0, "workload_ideal_hit_rate": 0.6})
+    assert cold.startswith("warning: the server served 0% of the prompt tokens") and "60%" in cold
+    assert "cache is off" in cold
