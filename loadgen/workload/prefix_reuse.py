@@ -1,6 +1,6 @@
-"""Prompts that share prefixes, as token ids (``lengths.kind: shared_prefix``), and the hit rate an unbounded
-prefix cache would reach on any workload's prompts (``ideal_hit_rate``), which a run's summary sets beside
-the hit rate the server measured.
+"""Prompts that share prefixes, as token ids (``lengths.kind: shared_prefix``; ``hash_trace`` in
+loadgen/workload/hash_trace.py), and the hit rate an unbounded prefix cache would reach on any workload's
+prompts (``ideal_hit_rate``), which a run's summary sets beside the hit rate the server measured.
 """
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ def shared_prefix(rng: np.random.Generator, draw: TokenIds, num_prefixes: int, p
     groups = rng.permutation(np.arange(draw.num_requests) % num_prefixes)
     return [(prefixes[g].tolist() + suffixes[i].tolist(), output_len) for i, g in enumerate(groups)]
 
-
-PROMPT_WORKLOADS = {"shared_prefix": shared_prefix}
 
 
 def ideal_hit_rate(prompts: Sequence[Sequence[int]], block_size: int) -> float | None:

@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.engine.hydra_groups import is_int, is_number, require
-from stallfree.loadgen.workload.prefix_reuse import PROMPT_WORKLOADS, TokenIds
+from stallfree.loadgen.workload.hash_trace import TRACES_DIR, hash_trace, hash_trace_columns, is_hash_trace
+from stallfree.loadgen.workload.prefix_reuse import TokenIds, shared_prefix
 from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, LengthTexts, Tokenizer, take
-
-TRACES_DIR = Path(__file__).parent / "traces"
 
 
 @dataclass
@@ -41,7 +40,10 @@ def _positive(key: str, value: object) -> None:
 
 @functools.cache
 def load_trace(name: str) -> dict[str, np.ndarray]:
-    """Columns of a trace CSV: a bundled name (``azure_conv``) or a path to a ``.csv`` file."""
+    """Columns of a trace CSV: a bundled name (``azure_conv``) or a path to a ``.csv`` file; or of a hash-id
+    trace (loadgen/workload/hash_trace.py), a bundled name or a ``.jsonl`` file."""
+    if is_hash_trace(name) or name.endswith(".jsonl"):
+        return hash_trace_columns(name)
     path = Path(name) if name.endswith(".csv") else TRACES_DIR / f"{name}.csv"
     if not path.is_file():
         bundled = sorted(p.stem for p in TRACES_DIR.glob("*.csv"))
@@ -173,6 +175,10 @@ def trace_lengths(rng: np.random.Generator, n: int, name: str, scale: float = 1.
 LENGTHS: dict[str, Callable[..., Lengths]] = {
     "fixed": fixed, "uniform": uniform, "random": random_lengths, "zipf": zipf, "trace": trace_lengths,
 }
+# Workloads whose prompts' tokens matter, not only their lengths: (prompt, output length) pairs.
+PROMPT_WORKLOADS: dict[str, Callable[..., list[tuple[list[int], int]]]] = {
+    "shared_prefix": shared_prefix, "hash_trace": hash_trace,
+}
 
 
 def clip_lengths(prompt: np.ndarray, output: np.ndarray, max_total_tokens: int) -> Lengths:
@@ -243,13 +249,14 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
     offsets = _call(ARRIVALS, "arrival", arrival, arrival_rng, num_requests)
     if is_text_workload(lengths):
         return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
-    if lengths.get("kind") in PROMPT_WORKLOADS:  # the prompts' tokens matter, not only their lengths
+    if lengths.get("kind") in PROMPT_WORKLOADS:  # clipped as lengths are, each prompt cut short: its prefix kept
         pairs = _call(PROMPT_WORKLOADS, "lengths", lengths, token_rng, TokenIds(num_requests, low_token_id, vocab_size))
-        longest = max(len(prompt) + output for prompt, output in pairs)
-        require(max_total_tokens is None or longest <= max_total_tokens, "max_total_tokens",
-                f">= the workload's longest request ({longest} tokens) or null", max_total_tokens)
-        return [RequestSpec(request_id=f"req-{i:06d}", send_offset_s=float(offsets[i]), prompt_token_ids=prompt,
-                            max_tokens=output) for i, (prompt, output) in enumerate(pairs)]
+        prompt_lens, output_lens = np.array([len(p) for p, _ in pairs]), np.array([o for _, o in pairs])
+        if max_total_tokens is not None:
+            prompt_lens, output_lens = clip_lengths(prompt_lens, output_lens, max_total_tokens)
+        return [RequestSpec(request_id=f"req-{i:06d}", send_offset_s=float(offsets[i]),
+                            prompt_token_ids=prompt[:prompt_lens[i]], max_tokens=int(output_lens[i]))
+                for i, (prompt, _) in enumerate(pairs)]
     prompt_lens, output_lens = _call(LENGTHS, "lengths", lengths, length_rng, num_requests)
     if max_total_tokens is not None:
         prompt_lens, output_lens = clip_lengths(prompt_lens, output_lens, max_total_tokens)

@@ -29,9 +29,10 @@ def test_bad_settings_name_their_key(change, key):
         build_workload({"kind": "burst"}, SHARED | change, 4, 0, 1000)
 
 
-def test_a_workload_longer_than_max_total_tokens_is_refused():
-    with pytest.raises(ValueError, match=r"max_total_tokens must be >= the workload's longest request \(77"):
-        build_workload({"kind": "burst"}, SHARED, 4, 0, 1000, max_total_tokens=64)
+def test_max_total_tokens_clips_each_prompt_keeping_its_prefix():
+    specs = build_workload({"kind": "burst"}, SHARED, 6, 0, 1000, max_total_tokens=50)
+    assert all(len(s.prompt_token_ids) + s.max_tokens == 50 for s in specs)
+    assert len({tuple(s.prompt_token_ids) for s in specs}) == 3  # the suffixes are cut off: the prefixes remain
 
 
 def test_ideal_hit_rate_counts_leading_blocks_seen_before_short_of_the_last_token():
