@@ -63,6 +63,18 @@ def test_meter_fields():
     assert set(unknown) == {"model_flops", "bytes_moved"}
 
 
+def test_an_iteration_above_the_measured_peak_raises_it():
+    counts = ModelCounts.of(ARCH, dtype_bytes=2)
+    units = [unit(3, 0, True)]
+    work = counts.work(units)
+    meter = UtilizationMeter(counts, MachineLimits("test", "bfloat16", peak_flops=work.flops / 4, bandwidth=1.0,
+                                                   source="x"))
+    assert meter.fields(units, 2.0, None)["mfu"] == 1.0  # twice the measured peak: the peak was low
+    assert meter.limits.peak_flops == work.flops / 2
+    assert meter.fields(units, 4.0, None)["mfu"] == pytest.approx(0.5)
+    assert meter.fields(units, 2.0, None)["mbu"] > 1  # bytes faster than memory are the caches', no low limit
+
+
 def test_limits_measured_once_then_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("STALLFREE_CACHE", str(tmp_path))
     calls = []
