@@ -22,6 +22,7 @@ from stallfree.engine.hydra_groups import (
     ConfigError,
     check_engine,
     cost_model_file,
+    is_int,
     is_number,
     register_schema,
     require,
@@ -33,6 +34,8 @@ register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, nee
 MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
+DISPATCH_KEYS = ("max_concurrency",)  # arrival keys the dispatcher reads, not the send times' process
+OLD_CAP_TARGETS = ("http", "url")  # their target.max_in_flight is the old spelling of arrival.max_concurrency
 G = TypeVar("G")
 
 
@@ -60,10 +63,18 @@ class ArrivalGroup:
     burstiness: float | None = None
     name: str | None = None
     time_scale: float | None = None
+    # at most this many requests in flight: a request due while the cap is reached waits in the client for a
+    # slot (vLLM's --max-concurrency; with kind burst a closed loop, GuideLLM's concurrent profile)
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        require(self.max_concurrency is None or (is_int(self.max_concurrency) and self.max_concurrency >= 1),
+                "arrival.max_concurrency", "an integer >= 1 or null", self.max_concurrency)
 
     def settings(self) -> dict:
-        """``build_workload``'s arrival: the kind and the settings given."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """``build_workload``'s arrival: the kind and the settings given (the send times' process; the cap is
+        the dispatcher's)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k not in DISPATCH_KEYS}
 
 
 @dataclass
@@ -203,11 +214,25 @@ class BenchConfig(EngineConfig):
         require(self.target.endpoint != "chat" or is_text_workload(self.workload.lengths), "target.endpoint",
                 "completions for a workload of token ids (chat needs a text workload: sharegpt, jsonl, sonnet)",
                 self.target.endpoint)
+        self._settle_concurrency_cap()
         if self.mode in ("capacity", "compare"):  # both search a capacity
             require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
                     f"mode={self.mode}", self.arrival.kind)
             require(self.num_requests <= self.capacity.max_requests, "num_requests",
                     f"<= capacity.max_requests={self.capacity.max_requests} in mode={self.mode}", self.num_requests)
+
+    def _settle_concurrency_cap(self) -> None:
+        """``target.max_in_flight`` of an HTTP target is the old spelling of ``arrival.max_concurrency``: it
+        still works, with a hint. Locust's own cap drops arrivals instead, and its users are its closed loop."""
+        old = self.target.max_in_flight if self.target.kind in OLD_CAP_TARGETS else None
+        if old is not None:
+            require(self.arrival.max_concurrency in (None, old), "target.max_in_flight",
+                    f"unset (it is the old spelling of arrival.max_concurrency={self.arrival.max_concurrency})", old)
+            print(f"[config] target.max_in_flight={old} is arrival.max_concurrency={old} now", flush=True)
+            self.arrival.max_concurrency, self.target.max_in_flight = old, None
+        require(self.arrival.max_concurrency is None or self.target.kind != "locust", "arrival.max_concurrency",
+                "null with target=locust (Locust's users are its closed loop; target.max_in_flight drops arrivals "
+                "over a cap)", self.arrival.max_concurrency)
 
     @property
     def virtual_time(self) -> bool:

@@ -13,6 +13,8 @@ from stallfree.loadgen.config.schema import BenchConfig
 
 # (section, field, default) of EngineConfig fields newer than the run ids (engine_identity).
 FIELDS_SINCE_RUN_IDS = (("cache", "enable_prefix_caching", False),)
+# (group, field, default) of the bench's measured groups newer than the run ids (loadgen.sweep.plan)
+BENCH_FIELDS_SINCE_RUN_IDS = (("arrival", "max_concurrency", None),)
 
 
 def chunk_size(cfg: BenchConfig) -> int | None:
@@ -31,6 +33,14 @@ def engine_identity(cfg: BenchConfig) -> dict:
         if engine[section][key] == default:
             del engine[section][key]
     return engine
+
+
+def without_new_defaults(measured: dict) -> dict:
+    """The bench's measured groups without the fields newer than the run ids left at their defaults, so the
+    runs measured before them keep their ids."""
+    return {group: {k: v for k, v in settings.items()
+                    if (group, k, v) not in BENCH_FIELDS_SINCE_RUN_IDS} if isinstance(settings, dict) else settings
+            for group, settings in measured.items()}
 
 
 def digest(value) -> str:

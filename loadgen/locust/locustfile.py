@@ -62,8 +62,8 @@ from stallfree.loadgen.locust.llm_tab import install as install_llm_tab
 from stallfree.loadgen.locust.schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
 from stallfree.loadgen.locust.user_request import fire, report, stream_completion
 from stallfree.loadgen.openai_client.completions import ResponseError
+from stallfree.loadgen.results.client_pace import MAX_SCHEDULE_LAG_P99_MS
 from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.results.request_metrics import MAX_SCHEDULE_LAG_P99_MS
 from stallfree.loadgen.workload.request_specs import RequestSpec
 
 DONE_MESSAGE = "stallfree_done"  # a process -> the master (or itself): all of its requests have ended

@@ -23,8 +23,9 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
                         progress: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
     """Send ``specs`` open loop to an OpenAI-compatible server; return one record per spec, in order.
 
-    * ``max_in_flight``: at most this many requests in flight; a request due while the cap is
-      reached is sent as soon as a slot frees (its schedule lag shows the wait).
+    * ``max_in_flight``: at most this many requests in flight (``arrival.max_concurrency``); a request due
+      while the cap is reached is sent as soon as a slot frees, and its record keeps how long it waited
+      (``client_wait_s``; the rest of its schedule lag is the dispatcher's own lateness).
     * ``endpoint``: ``completions`` (/v1/completions) or ``chat`` (/v1/chat/completions); ``ignore_eos``:
       whether each request carries it.
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
@@ -48,11 +49,15 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
             return RequestRecord.unsent(specs[i], intended_send_time=intended[i], is_warmup=i < warmup)
 
         async def dispatch(i: int) -> RequestRecord:
+            held = bool(max_in_flight) and gate.locked()  # the cap was reached when it came due
             try:
                 async with gate:
+                    # held back: it waited from its scheduled send on, however late the dispatcher came to it
+                    waited = time.time() - intended[i] if held else 0.0
                     record = await send_request(http, specs[i], model=model, timeout_s=timeout_s,
                                                 intended_send_time=intended[i], is_warmup=i < warmup,
                                                 endpoint=endpoint, ignore_eos=ignore_eos)
+                    record.client_wait_s = waited if max_in_flight else None
             except asyncio.CancelledError:  # cancelled while waiting for a slot
                 record = unsent(i)
             if progress is not None:

@@ -40,6 +40,8 @@ class RequestRecord:
     server_token_times: list[float] | None = None
     num_preemptions: int | None = None  # times the server preempted the request
     cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
+    # how long the request waited in the client for a slot under arrival.max_concurrency (None: no cap)
+    client_wait_s: float | None = None
 
     @classmethod
     def unsent(cls, spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> RequestRecord:

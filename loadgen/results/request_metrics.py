@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stallfree.loadgen.results.client_pace import client_pace
+
 PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "e2el_from_send",
                    "normalized_latency", "scheduling_delay")
@@ -29,8 +31,6 @@ LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "e2el
 GOODPUT_METRICS = {"ttft": "ttft_from_send_ms", "tpot": "tpot_ms", "e2el": "e2el_from_send_ms"}
 TIME_COLUMNS = ("intended_send_time", "send_time", "first_token_time", "finish_time",
                 "server_arrival_time", "server_first_scheduled_time")
-MAX_SCHEDULE_LAG_P99_MS = 10.0
-MIN_ACHIEVED_FRACTION = 0.95
 STEADY_QUANTILES = (0.1, 0.9)  # the steady window of a run's arrivals and completions
 
 
@@ -58,8 +58,9 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     are ttft_ms (first token - intended send), ttft_from_send_ms (first token - actual send),
     e2el_ms (finish - intended send), e2el_from_send_ms (finish - actual send), tpot_ms ((e2el - ttft) / (output_tokens - 1), only for > 1
     output token), normalized_latency_ms (e2el / output_tokens), scheduling_delay_ms (server first
-    scheduled - server arrival), max_tbt_ms and schedule_lag_ms (actual - intended send; defined
-    for failed requests too).
+    scheduled - server arrival), max_tbt_ms, schedule_lag_ms (actual - intended send; defined
+    for failed requests too) and client_wait_ms (the part of the lag spent waiting for a slot under
+    ``arrival.max_concurrency``; NaN without a cap).
     """
     df = requests.copy()
     for col in TIME_COLUMNS:
@@ -67,6 +68,8 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     ok = df["status"] == "ok"
     out = df["output_tokens"].astype(float)
     df["schedule_lag_ms"] = (df["send_time"] - df["intended_send_time"]) * 1e3
+    waits = df["client_wait_s"] if "client_wait_s" in df else pd.Series(np.nan, index=df.index)
+    df["client_wait_ms"] = waits.astype(float) * 1e3
     df["ttft_ms"] = ((df["first_token_time"] - df["intended_send_time"]) * 1e3).where(ok)
     df["ttft_from_send_ms"] = ((df["first_token_time"] - df["send_time"]) * 1e3).where(ok)
     df["e2el_ms"] = ((df["finish_time"] - df["intended_send_time"]) * 1e3).where(ok)
@@ -93,13 +96,6 @@ def _stats(name: str, values) -> dict[str, float | None]:
         return dict.fromkeys(keys)
     vals = [v.mean(), v.std(), *np.percentile(v, list(PERCENTILES.values()))]
     return {k: float(x) for k, x in zip(keys, vals, strict=True)}
-
-
-def _rate(times: pd.Series) -> float | None:
-    """Requests per second over a series of send times: (n - 1) / span (None when span is 0)."""
-    times = times.dropna()
-    span = times.max() - times.min() if len(times) else 0.0
-    return float((len(times) - 1) / span) if span > 0 else None
 
 
 def _per_second(count: float, duration: float | None) -> float | None:
@@ -164,9 +160,10 @@ def _steady_completion(df: pd.DataFrame, ok: pd.DataFrame, lo: float, hi: float)
 
 
 def peak_in_flight(send: pd.Series, finish: pd.Series) -> int:
-    """The most requests sent and not yet ended at any one time (a request ends at its finish time)."""
+    """The most requests sent and not yet ended at any one time (a request ends at its finish time, before one
+    sent at that time: a slot a cap refills at once holds one request)."""
     sent = send.notna()
-    events = pd.concat([pd.Series(1, index=send[sent].to_numpy()), pd.Series(-1, index=finish[sent].to_numpy())])
+    events = pd.concat([pd.Series(-1, index=finish[sent].to_numpy()), pd.Series(1, index=send[sent].to_numpy())])
     return int(events.sort_index(kind="stable").cumsum().max()) if len(events) else 0
 
 
@@ -243,12 +240,6 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
                   "normalized_latency": done["normalized_latency_ms"],
                   "scheduling_delay": done["scheduling_delay_ms"]}
 
-    lag = df["schedule_lag_ms"].dropna()
-    lag_p50, lag_p99 = (float(x) for x in np.percentile(lag, [50, 99])) if len(lag) else (None, None)
-    offered, achieved = _rate(df["intended_send_time"]), _rate(df["send_time"])
-    fell_behind = (lag_p99 is not None and lag_p99 > MAX_SCHEDULE_LAG_P99_MS) or (
-        offered is not None and (achieved or 0.0) < MIN_ACHIEVED_FRACTION * offered)
-
     summary = {
         "completed": int(ok.sum()),
         "failed": int((~ok).sum()),
@@ -264,12 +255,7 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
     for name in LATENCY_METRICS:
         summary.update(_stats(name, per_metric[name]))
     summary.update({
-        "schedule_lag_p50_ms": lag_p50,
-        "schedule_lag_p99_ms": lag_p99,
-        "schedule_lag_max_ms": float(lag.max()) if len(lag) else None,
-        "offered_rate": offered,
-        "achieved_rate": achieved,
-        "client_fell_behind": bool(fell_behind),
+        **client_pace(df),
         **pace_summary(df, unloaded_ttft),
         "slo_tbt_ms": slo_tbt_ms,
         "slo_ttft_ms": slo_ttft_ms,

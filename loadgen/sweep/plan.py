@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stallfree.engine import EngineConfig
 from stallfree.loadgen.config.schema import BenchConfig
-from stallfree.loadgen.config.views import chunk_size, digest, engine_identity
+from stallfree.loadgen.config.views import chunk_size, digest, engine_identity, without_new_defaults
 from stallfree.loadgen.results.run_dir import make_run_id
 
 MEASURED_SECTIONS = ("workload", "arrival", "target", "num_requests", "warmup", "seed")  # and the engine's
@@ -102,6 +102,7 @@ def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = Fa
         point = {"engine": server.slug}
         labels = {"scheduler": server.label, "chunk_size": None, "model": server.served_model,
                   "engine_label": server.label}
+    measured = without_new_defaults(measured)
     measured["arrival"] = {k: v for k, v in measured["arrival"].items() if k != "qps"}  # in the id itself
     settings_digest = digest(measured)
     point["qps"] = cfg.qps

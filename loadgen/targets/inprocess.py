@@ -1,8 +1,9 @@
 """``target=inprocess``: the workload replayed straight into an ``LLMEngine`` in this process (no HTTP),
 open loop on the engine clock.
 
-Every request is added up front with ``arrival_time = t0 + send_offset_s``; the policies only admit
-requests that have arrived, so arrivals are gated on the engine clock. The loop steps the engine and,
+Every request is added up front with ``arrival_time = t0 + send_offset_s`` (under ``arrival.max_concurrency``,
+as a slot frees, arriving then or at its time); the policies only admit requests that have arrived, so
+arrivals are gated on the engine clock. The loop steps the engine and,
 when nothing was runnable and the next arrival is still ahead, sleeps until it. There is no network,
 so a record's "client" times are the engine's own (send = arrival, token times = when each step ended).
 Only the engine's public API is used: step() outputs, abort(), batch_records and clock().
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import heapq
 import os
 import time
 from collections import deque
@@ -60,7 +62,7 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: float | None = None,
-           progress: Progress | None = None, pause_gc: bool = False) -> Replay:
+           max_concurrency: int | None = None, progress: Progress | None = None, pause_gc: bool = False) -> Replay:
     """Run ``specs`` through ``engine`` (greedy, ``ignore_eos``): records in spec order, and the
     engine's iterations of this replay (``LLMEngine.batch_records``, as dicts).
 
@@ -68,15 +70,17 @@ def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: 
     * ``timeout_s``: a request still unfinished this long after its arrival is aborted with status
       ``timeout``; a request the engine rejects, or ends because a step failed on it, becomes an
       ``error`` record (the others run on).
+    * ``max_concurrency``: at most this many requests added and not ended; the next one in send order
+      arrives when its time has come and a request has ended (its ``client_wait_s``: how much later).
     * ``progress(record)`` is called as each request ends.
     * ``pause_gc``: the cyclic garbage collector is off during the replay (``cyclic_gc_paused``).
     """
     with cyclic_gc_paused() if pause_gc else nullcontext():
-        return _replay(engine, specs, warmup, timeout_s, progress)
+        return _replay(engine, specs, warmup, timeout_s, max_concurrency, progress)
 
 
 def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float | None,
-            progress: Progress | None) -> Replay:
+            max_concurrency: int | None, progress: Progress | None) -> Replay:
     from stallfree.engine import SamplingParams
 
     first_batch = len(engine.batch_records)
@@ -85,6 +89,31 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
     records = [RequestRecord.unsent(spec, intended_send_time=t0 + on_grid(spec.send_offset_s), is_warmup=i < warmup)
                for i, spec in enumerate(specs)]
     in_flight: dict[str, RequestRecord] = {}
+    unsent = deque(sorted(range(len(specs)), key=lambda i: records[i].intended_send_time))
+    arrivals: list[float] = []  # of the requests added, sorted
+    by_arrival: list[tuple[float, str]] = []  # a heap: the oldest arrival in flight first
+    cap = max_concurrency or len(specs)
+
+    def send(now: float) -> None:
+        """Add the next requests in send order while a slot is free, each at its time or ``now``."""
+        while unsent and len(in_flight) < cap:
+            spec, record = specs[unsent[0]], records[unsent.popleft()]
+            arrival = max(record.intended_send_time, now)
+            record.mark_sent(arrival)
+            record.server_arrival_time = arrival
+            if max_concurrency is not None:
+                record.client_wait_s = arrival - record.intended_send_time
+            params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
+            try:
+                engine.add_request(spec.prompt_token_ids, params, request_id=spec.request_id, arrival_time=arrival)
+            except ValueError as e:
+                record.end("error", f"rejected by the engine: {e}", arrival)
+                if progress is not None:
+                    progress(record)
+                continue
+            in_flight[spec.request_id] = record
+            bisect.insort(arrivals, arrival)
+            heapq.heappush(by_arrival, (arrival, spec.request_id))
 
     def done(request_id: str, status: str, error: str | None, finish_time: float,
              metrics: RequestMetrics | None) -> None:
@@ -92,23 +121,9 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
         _end(record, status, error, finish_time, metrics)
         if progress is not None:
             progress(record)
+        send(finish_time)
 
-    for spec, record in zip(specs, records, strict=True):
-        record.mark_sent(record.intended_send_time)
-        record.server_arrival_time = record.intended_send_time
-        params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
-        try:
-            engine.add_request(spec.prompt_token_ids, params, request_id=spec.request_id,
-                               arrival_time=record.intended_send_time)
-        except ValueError as e:
-            record.end("error", f"rejected by the engine: {e}", record.send_time)
-            if progress is not None:
-                progress(record)
-            continue
-        in_flight[spec.request_id] = record
-    by_arrival = deque(sorted((record.intended_send_time, rid) for rid, record in in_flight.items()))
-    arrivals = [arrival for arrival, _ in by_arrival]
-
+    send(t0)
     while in_flight:
         before, iterations = engine.clock(), len(engine.batch_records)
         for out in engine.step(finished_only=True):
@@ -118,7 +133,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
         if timeout_s is not None:
             deadline = engine.clock() - timeout_s
             while by_arrival and by_arrival[0][0] < deadline:
-                if (request_id := by_arrival.popleft()[1]) in in_flight:
+                if (request_id := heapq.heappop(by_arrival)[1]) in in_flight:
                     aborted = engine.abort(request_id)
                     done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
         if len(engine.batch_records) == iterations and in_flight:
@@ -149,12 +164,13 @@ class InProcessTarget:
         self.engine_pid = None if cfg.virtual_time else os.getpid()
         self.pause_gc = cfg.virtual_time
         self.timeout_s = cfg.target.timeout_s
+        self.max_concurrency = cfg.arrival.max_concurrency
 
     def replay(self, specs: Sequence[RequestSpec], *, warmup: int, progress: Progress | None) -> Replay:
         # One engine serves a sweep's runs, which replay the same prompts: no run starts on another's cache.
         self.engine.reset_prefix_cache()
-        done = replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s, progress=progress,
-                      pause_gc=self.pause_gc)
+        done = replay(self.engine, specs, warmup=warmup, timeout_s=self.timeout_s,
+                      max_concurrency=self.max_concurrency, progress=progress, pause_gc=self.pause_gc)
         done.prefix_cache_reset = "reset"
         return done
 

@@ -47,7 +47,7 @@ class _OpenLoopHttpTarget:
     def __init__(self, cfg: BenchConfig, served_model: str):
         self.served_model = served_model
         self.vocab_size = model_vocab_size(cfg)
-        self.max_in_flight, self.timeout_s = cfg.target.max_in_flight, cfg.target.timeout_s
+        self.max_in_flight, self.timeout_s = cfg.arrival.max_concurrency, cfg.target.timeout_s
         self.endpoint = cfg.target.endpoint
         self.metrics_interval_s = cfg.target.metrics_interval_s
 

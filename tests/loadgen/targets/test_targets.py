@@ -110,3 +110,26 @@ def test_the_inprocess_target_starts_each_run_on_an_empty_prefix_cache(tmp_path)
         target.engine.step()
     assert target.engine.kv.num_hit_tokens == 32  # the cache was on: two 16-token blocks of the last run
     target.close()
+
+
+def test_an_inprocess_cap_holds_requests_back_and_records_the_wait():
+    """arrival.max_concurrency on the engine clock: never more than the cap added and unfinished, each held-back
+    request arriving as one ends, with the same tokens as without the cap."""
+    from stallfree.engine import LLMEngine
+    from stallfree.loadgen.results.request_metrics import summarize
+    from stallfree.loadgen.results.run_dir import requests_frame
+
+    engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
+    specs = build_workload({"kind": "burst"}, {"kind": "fixed", "prompt": 32, "output": 8}, 9, 0, 1000)
+    free = replay(engine, specs).records
+    capped = replay(engine, specs, max_concurrency=2).records
+    assert [r.output_tokens for r in capped] == [r.output_tokens for r in free] == [8] * 9
+    assert [r.client_wait_s for r in free] == [None] * 9
+    assert capped[0].client_wait_s == capped[1].client_wait_s == 0.0
+    ends = sorted(r.finish_time for r in capped)
+    # the i-th held-back request arrives as the i-th of those before it ends
+    assert [r.send_time for r in capped[2:]] == ends[:7]
+    assert all(r.send_time - r.intended_send_time == r.client_wait_s > 0 for r in capped[2:])
+    summary = summarize(requests_frame(capped))
+    assert summary["peak_in_flight"] == 2 and summary["completed"] == 9
+    assert summary["client_wait_max_ms"] == pytest.approx(capped[-1].client_wait_s * 1e3)
