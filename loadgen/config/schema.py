@@ -66,6 +66,10 @@ class ArrivalGroup:
     # at most this many requests in flight: a request due while the cap is reached waits in the client for a
     # slot (vLLM's --max-concurrency; with kind burst a closed loop, GuideLLM's concurrent profile)
     max_concurrency: int | None = None
+    # the rate rises from start to end over the run (loadgen.workload.ramp; qps is then ignored)
+    ramp_up_strategy: str | None = None  # linear | exponential
+    ramp_up_start_qps: float | None = None
+    ramp_up_end_qps: float | None = None
 
     def __post_init__(self) -> None:
         require(self.max_concurrency is None or (is_int(self.max_concurrency) and self.max_concurrency >= 1),
@@ -218,6 +222,8 @@ class BenchConfig(EngineConfig):
         if self.mode in ("capacity", "compare"):  # both search a capacity
             require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
                     f"mode={self.mode}", self.arrival.kind)
+            require(self.arrival.ramp_up_strategy is None, "arrival.ramp_up_strategy",
+                    f"null in mode={self.mode} (the search sets the rate)", self.arrival.ramp_up_strategy)
             require(self.num_requests <= self.capacity.max_requests, "num_requests",
                     f"<= capacity.max_requests={self.capacity.max_requests} in mode={self.mode}", self.num_requests)
 

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,17 +20,9 @@ import numpy as np
 from stallfree.engine.hydra_groups import is_int, is_number, require
 from stallfree.loadgen.workload.hash_trace import TRACES_DIR, hash_trace, hash_trace_columns, is_hash_trace
 from stallfree.loadgen.workload.prefix_reuse import TokenIds, shared_prefix
+from stallfree.loadgen.workload.ramp import RampUp
+from stallfree.loadgen.workload.spec import RequestSpec
 from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, LengthTexts, Tokenizer, take
-
-
-@dataclass
-class RequestSpec:
-    request_id: str
-    send_offset_s: float  # seconds from the run start
-    prompt_token_ids: list[int]
-    max_tokens: int
-    prompt: str | None = None  # text form (text workloads): HTTP targets send it instead of the ids
-    messages: list[dict] | None = None  # chat messages (text workloads); prompt_token_ids is their rendering
 
 
 def _positive(key: str, value: object) -> None:
@@ -246,7 +237,10 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
     require(vocab_size > low_token_id, "vocab_size", f"> low_token_id ({low_token_id})", vocab_size)
     arrival_rng, length_rng, token_rng = (np.random.default_rng(s)
                                           for s in np.random.SeedSequence(seed).spawn(3))
-    offsets = _call(ARRIVALS, "arrival", arrival, arrival_rng, num_requests)
+    ramp, arrival = RampUp.split(arrival)
+    offsets = _call(ARRIVALS, "arrival", {**arrival, "qps": 1.0} if ramp else arrival, arrival_rng, num_requests)
+    if ramp:
+        offsets = ramp.warp(offsets, num_requests)
     if is_text_workload(lengths):
         return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
     if lengths.get("kind") in PROMPT_WORKLOADS:  # clipped as lengths are, each prompt cut short: its prefix kept

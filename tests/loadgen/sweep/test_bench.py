@@ -86,6 +86,9 @@ def test_http_sweep_restarts_the_server_only_for_server_knobs(tmp_path):
     (["no_such_key=1"], "no_such_key: unknown key"),
     (["model.runner=simulated", "model.clock=virtual", "target=http"], "model.clock must be 'real' unless"),
     (["target=http", "target.metrics_interval_s=0"], "target.metrics_interval_s must be a number > 0 or null"),
+    (["arrival.max_concurrency=0"], "arrival.max_concurrency must be an integer >= 1 or null, got 0"),
+    (["arrival.ramp_up_strategy=linear", "arrival.ramp_up_start_qps=8", "arrival.ramp_up_end_qps=2"],
+     "arrival.ramp_up_end_qps must be > 0 and >= arrival.ramp_up_start_qps=8"),
 ])
 def test_config_errors_are_one_line_naming_the_key(tmp_path, args, key):
     done = bench([*args, f"results_dir={tmp_path}"], tmp_path, timeout=60)

@@ -1,5 +1,5 @@
-"""arrival.max_concurrency: checked, carried by every preset, its old spelling target.max_in_flight still taken
-with a hint, and run ids of runs without it unchanged."""
+"""arrival.max_concurrency and the ramp keys: checked, carried by the presets, the old spelling
+target.max_in_flight still taken with a hint, and run ids of runs without them unchanged."""
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -52,3 +52,18 @@ def test_runs_without_a_cap_keep_their_ids(overrides, run_id):
     """The ids these configs had before arrival.max_concurrency existed: their results are found again."""
     assert plan_run(bench_config(*overrides)).run_id == run_id
     assert plan_run(bench_config(*overrides, "arrival.max_concurrency=2")).run_id != run_id
+    ramp = ["arrival.ramp_up_strategy=linear", "arrival.ramp_up_start_qps=1", "arrival.ramp_up_end_qps=4"]
+    assert plan_run(bench_config(*overrides, *ramp)).run_id != run_id
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "gamma", "constant"])
+def test_rate_driven_presets_take_a_ramp(arrival):
+    cfg = bench_config(f"arrival={arrival}", "arrival.ramp_up_strategy=exponential", "arrival.ramp_up_start_qps=1",
+                       "arrival.ramp_up_end_qps=16")
+    assert cfg.arrival.settings()["ramp_up_end_qps"] == 16
+
+
+def test_a_capacity_search_sets_the_rate_itself():
+    with pytest.raises(ConfigError, match="arrival.ramp_up_strategy must be null in mode=capacity"):
+        bench_config("+experiment=capacity", "arrival.ramp_up_strategy=linear", "arrival.ramp_up_start_qps=1",
+                     "arrival.ramp_up_end_qps=4")
