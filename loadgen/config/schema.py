@@ -34,7 +34,8 @@ register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, nee
 MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
-DISPATCH_KEYS = ("max_concurrency",)  # arrival keys the dispatcher reads, not the send times' process
+DISPATCH_KEYS = ("max_concurrency",)
+SESSION_KINDS = ("chat_sessions", "agentic_sessions")  # loadgen.workload.sessions.SESSION_WORKLOADS  # arrival keys the dispatcher reads, not the send times' process
 OLD_CAP_TARGETS = ("http", "url")  # their target.max_in_flight is the old spelling of arrival.max_concurrency
 G = TypeVar("G")
 
@@ -219,6 +220,9 @@ class BenchConfig(EngineConfig):
                 "completions for a workload of token ids (chat needs a text workload: sharegpt, jsonl, sonnet)",
                 self.target.endpoint)
         self._settle_concurrency_cap()
+        require(self.target.kind != "locust" or self.workload.lengths.get("kind") not in SESSION_KINDS,
+                "workload", "a workload without sessions with target=locust (its users send no follow-up turns)",
+                self.workload.name)
         if self.mode in ("capacity", "compare"):  # both search a capacity
             require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
                     f"mode={self.mode}", self.arrival.kind)

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stallfree.loadgen.openai_client.client import HttpClient, send_request
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.loadgen.results.records import NOT_SENT, RequestRecord
+from stallfree.loadgen.workload.spec import RequestSpec, session_groups
 
 
 async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,
@@ -31,6 +31,9 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
     * ``duration_s``: only specs with ``send_offset_s < duration_s`` belong to the run; the others
       are dropped (no records).
+    * A session's follow-up turn (``RequestSpec.follows``) is due ``think_time_s`` after the turn before it
+      ended (its intended send time); a turn that fails ends its session: the turns after it are rows never
+      sent, saying why.
     * ``progress(record)`` is called as each request finishes.
     * Cancellation (task cancel, Ctrl-C under ``run_open_loop_sync``) stops cleanly and returns the
       records: in-flight requests become ``aborted``, unsent ones ``aborted`` with error "not sent".
@@ -39,11 +42,12 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
         specs = [spec for spec in specs if spec.send_offset_s < duration_s]
     gate = asyncio.Semaphore(max_in_flight) if max_in_flight else contextlib.nullcontext()
     loop = asyncio.get_running_loop()
+    records: list[RequestRecord | None] = [None] * len(specs)
     tasks: list[asyncio.Task] = []
 
     async with HttpClient(base_url, api_key=api_key) as http:
         start_wall, start_loop = time.time(), loop.time()
-        intended = [start_wall + spec.send_offset_s for spec in specs]
+        intended = [start_wall + spec.send_offset_s for spec in specs]  # a follow-up turn's is set as it comes due
 
         def unsent(i: int) -> RequestRecord:
             return RequestRecord.unsent(specs[i], intended_send_time=intended[i], is_warmup=i < warmup)
@@ -64,10 +68,25 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
                 progress(record)
             return record
 
+        async def run_session(turns: list[int]) -> None:
+            """A request, or a session's turns: each follow-up sent its think time after the one before ends."""
+            for k, i in enumerate(turns):
+                if k:
+                    before = records[turns[k - 1]]
+                    intended[i] = (before.finish_time or time.time()) + specs[i].think_time_s
+                    if before.status != "ok":  # the session ends with its failed turn; the others go on
+                        _end_session(records, turns[k:], specs, intended, warmup, before, progress)
+                        return
+                    try:
+                        await asyncio.sleep(max(0.0, intended[i] - time.time()))
+                    except asyncio.CancelledError:
+                        return  # its turns left become unsent rows
+                records[i] = await dispatch(i)
+
         try:
-            for i, spec in enumerate(specs):
-                await asyncio.sleep(max(0.0, start_loop + spec.send_offset_s - loop.time()))
-                tasks.append(asyncio.create_task(dispatch(i)))
+            for turns in session_groups(specs):
+                await asyncio.sleep(max(0.0, start_loop + specs[turns[0]].send_offset_s - loop.time()))
+                tasks.append(asyncio.create_task(run_session(turns)))
             if tasks:
                 await asyncio.wait(tasks)
         except asyncio.CancelledError:
@@ -76,9 +95,18 @@ async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: s
             if tasks:
                 await asyncio.wait(tasks)
 
-    # a task cancelled before it ever ran has no record of its own
-    return [tasks[i].result() if i < len(tasks) and not tasks[i].cancelled() else unsent(i)
-            for i in range(len(specs))]
+    # a request never sent (its task cancelled before it ran, or its session's) has no record of its own
+    return [record if record is not None else unsent(i) for i, record in enumerate(records)]
+
+
+def _end_session(records: list, turns: list[int], specs: Sequence[RequestSpec], intended: list[float], warmup: int,
+                 failed: RequestRecord, progress: Callable[[RequestRecord], None] | None) -> None:
+    """The turns after a failed one: rows never sent, saying why."""
+    for i in turns:
+        records[i] = RequestRecord.unsent(specs[i], intended_send_time=intended[turns[0]], is_warmup=i < warmup)
+        records[i].error = f"{NOT_SENT}: turn {failed.turn} of its session ended {failed.status}"
+        if progress is not None:
+            progress(records[i])
 
 
 def run_open_loop_sync(base_url: str, specs: Sequence[RequestSpec], *, nice: int = 0,

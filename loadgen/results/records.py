@@ -42,6 +42,9 @@ class RequestRecord:
     cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, when it says
     # how long the request waited in the client for a slot under arrival.max_concurrency (None: no cap)
     client_wait_s: float | None = None
+    session_id: str | None = None  # a turn of a multi-turn session (loadgen.workload.sessions), else None
+    turn: int | None = None  # its place in the session
+    session_end: str | None = None  # on a session's last turn: why the session ends there
 
     @classmethod
     def unsent(cls, spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> RequestRecord:
@@ -49,7 +52,8 @@ class RequestRecord:
         return cls(request_id=spec.request_id, status="aborted", error=NOT_SENT, is_warmup=is_warmup,
                    prompt_tokens=len(spec.prompt_token_ids), max_tokens=spec.max_tokens, output_tokens=0,
                    intended_send_time=intended_send_time, send_time=None, first_token_time=None,
-                   finish_time=None)
+                   finish_time=None, session_id=spec.session_id,
+                   turn=spec.turn if spec.session_id is not None else None, session_end=spec.session_end)
 
     def mark_sent(self, send_time: float) -> None:
         self.send_time, self.error = send_time, None

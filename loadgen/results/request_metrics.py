@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from stallfree.loadgen.results.client_pace import client_pace
+from stallfree.loadgen.results.session_metrics import session_summary
 
 PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "e2el_from_send",
@@ -257,6 +258,7 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
     summary.update({
         **client_pace(df),
         **pace_summary(df, unloaded_ttft),
+        **session_summary(df),
         "slo_tbt_ms": slo_tbt_ms,
         "slo_ttft_ms": slo_ttft_ms,
         "slo_e2e_ms": slo_e2e_ms,

@@ -113,12 +113,19 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0)
             "disturbed_reason": None if virtual_time else report.disturbed_reason}
 
 
-def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestRecord]) -> dict:
+def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestRecord],
+                           batches: list[dict] | None = None) -> dict:
     """The run's server metrics for its summary, over the arrival window of its measured requests (first
-    to last intended send); ``metrics`` None: a target without a server (inprocess)."""
+    to last intended send); ``metrics`` None: a target without a server (inprocess), whose prefix-cache hit
+    rate its engine's iterations count (``batches``: the tokens each admitted and took from its cache)."""
     sends = [r.intended_send_time for r in records if not r.is_warmup]
-    metrics = metrics or not_scraped("no server to scrape (target=inprocess)")
-    return metrics.summary((min(sends), max(sends)) if sends else None)
+    summary = (metrics or not_scraped("no server to scrape (target=inprocess)")).summary(
+        (min(sends), max(sends)) if sends else None)
+    if metrics is None and batches:
+        queried = sum(batch["prefix_cache_queried_tokens"] for batch in batches)
+        cached = sum(batch["num_cached_tokens"] for batch in batches)
+        summary["server_prefix_cache_hit_rate"] = cached / queried if queried else None
+    return summary
 
 
 def must_rerun(rerun: str, summary: dict) -> bool:
@@ -182,7 +189,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **output_length_summary(replay.records),
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
-               **server_metrics_summary(replay.server_metrics, replay.records),
+               **server_metrics_summary(replay.server_metrics, replay.records, replay.batches),
                "prefix_cache_reset": replay.prefix_cache_reset,
                "workload_ideal_hit_rate": ideal_hit_rate(
                    [s.prompt_token_ids for s in sorted(specs, key=lambda s: s.send_offset_s)], cfg.cache.block_size),

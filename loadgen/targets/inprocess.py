@@ -15,7 +15,6 @@ import gc
 import heapq
 import os
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -24,9 +23,9 @@ from typing import TYPE_CHECKING
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import model_vocab_size
-from stallfree.loadgen.results.records import RequestRecord, as_row
+from stallfree.loadgen.results.records import NOT_SENT, RequestRecord, as_row
 from stallfree.loadgen.targets.base import ENGINE_SHAPE, TARGETS, Progress, Replay
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.loadgen.workload.spec import RequestSpec, session_groups
 
 if TYPE_CHECKING:
     from stallfree.engine import RequestMetrics
@@ -89,7 +88,12 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
     records = [RequestRecord.unsent(spec, intended_send_time=t0 + on_grid(spec.send_offset_s), is_warmup=i < warmup)
                for i, spec in enumerate(specs)]
     in_flight: dict[str, RequestRecord] = {}
-    unsent = deque(sorted(range(len(specs)), key=lambda i: records[i].intended_send_time))
+    index = {spec.request_id: i for i, spec in enumerate(specs)}
+    # (intended send, index) of the requests due to be added: each first turn now, a follow-up as the turn
+    # before it ends (loadgen.workload.spec.session_groups)
+    unsent = [(records[turns[0]].intended_send_time, turns[0]) for turns in session_groups(specs)]
+    heapq.heapify(unsent)
+    next_turn = {turns[k]: turns[k + 1] for turns in session_groups(specs) for k in range(len(turns) - 1)}
     arrivals: list[float] = []  # of the requests added, sorted
     by_arrival: list[tuple[float, str]] = []  # a heap: the oldest arrival in flight first
     cap = max_concurrency or len(specs)
@@ -97,7 +101,8 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
     def send(now: float) -> None:
         """Add the next requests in send order while a slot is free, each at its time or ``now``."""
         while unsent and len(in_flight) < cap:
-            spec, record = specs[unsent[0]], records[unsent.popleft()]
+            i = heapq.heappop(unsent)[1]
+            spec, record = specs[i], records[i]
             arrival = max(record.intended_send_time, now)
             record.mark_sent(arrival)
             record.server_arrival_time = arrival
@@ -110,6 +115,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
                 record.end("error", f"rejected by the engine: {e}", arrival)
                 if progress is not None:
                     progress(record)
+                follow_up(i, record)
                 continue
             in_flight[spec.request_id] = record
             bisect.insort(arrivals, arrival)
@@ -121,7 +127,24 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
         _end(record, status, error, finish_time, metrics)
         if progress is not None:
             progress(record)
+        follow_up(index[request_id], record)
         send(finish_time)
+
+    def follow_up(i: int, record: RequestRecord) -> None:
+        """The session's next turn comes due its think time after this one ended, unless this one failed."""
+        if (k := next_turn.get(i)) is None:
+            return
+        records[k].intended_send_time = on_grid(record.finish_time + specs[k].think_time_s)
+        if record.status == "ok":
+            heapq.heappush(unsent, (records[k].intended_send_time, k))
+            return
+        first_unsent = records[k].intended_send_time
+        while k is not None:
+            records[k].intended_send_time = first_unsent
+            records[k].error = f"{NOT_SENT}: turn {record.turn} of its session ended {record.status}"
+            if progress is not None:
+                progress(records[k])
+            k = next_turn.get(k)
 
     send(t0)
     while in_flight:

@@ -21,6 +21,7 @@ from stallfree.engine.hydra_groups import is_int, is_number, require
 from stallfree.loadgen.workload.hash_trace import TRACES_DIR, hash_trace, hash_trace_columns, is_hash_trace
 from stallfree.loadgen.workload.prefix_reuse import TokenIds, shared_prefix
 from stallfree.loadgen.workload.ramp import RampUp
+from stallfree.loadgen.workload.sessions import SESSION_WORKLOADS, session_specs
 from stallfree.loadgen.workload.spec import RequestSpec
 from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, LengthTexts, Tokenizer, take
 
@@ -243,6 +244,10 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
         offsets = ramp.warp(offsets, num_requests)
     if is_text_workload(lengths):
         return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
+    if lengths.get("kind") in SESSION_WORKLOADS:
+        sessions = _call(SESSION_WORKLOADS, "lengths", lengths, token_rng, TokenIds(num_requests, low_token_id,
+                                                                                 vocab_size))
+        return session_specs(sessions, offsets, num_requests, max_total_tokens)
     if lengths.get("kind") in PROMPT_WORKLOADS:  # clipped as lengths are, each prompt cut short: its prefix kept
         pairs = _call(PROMPT_WORKLOADS, "lengths", lengths, token_rng, TokenIds(num_requests, low_token_id, vocab_size))
         prompt_lens, output_lens = np.array([len(p) for p, _ in pairs]), np.array([o for _, o in pairs])

@@ -67,3 +67,14 @@ def test_a_capacity_search_sets_the_rate_itself():
     with pytest.raises(ConfigError, match="arrival.ramp_up_strategy must be null in mode=capacity"):
         bench_config("+experiment=capacity", "arrival.ramp_up_strategy=linear", "arrival.ramp_up_start_qps=1",
                      "arrival.ramp_up_end_qps=4")
+
+
+def test_session_presets_and_locust():
+    from stallfree.loadgen.config.schema import SESSION_KINDS
+    from stallfree.loadgen.workload.sessions import SESSION_WORKLOADS
+
+    assert sorted(SESSION_KINDS) == sorted(SESSION_WORKLOADS)
+    for name in ("chat", "agentic"):
+        assert bench_config(f"workload={name}").workload.lengths["kind"] in SESSION_KINDS
+    with pytest.raises(ConfigError, match="workload must be a workload without sessions with target=locust"):
+        bench_config("workload=chat", "target=locust")

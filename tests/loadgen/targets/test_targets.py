@@ -133,3 +133,42 @@ def test_an_inprocess_cap_holds_requests_back_and_records_the_wait():
     summary = summarize(requests_frame(capped))
     assert summary["peak_in_flight"] == 2 and summary["completed"] == 9
     assert summary["client_wait_max_ms"] == pytest.approx(capped[-1].client_wait_s * 1e3)
+
+
+def test_inprocess_sessions_send_each_follow_up_after_the_turn_before():
+    """Chat sessions on the engine's clock: a follow-up arrives its think time after the turn before ended, the
+    history it resends is served from the prefix cache, and the summary has the per-session fields."""
+    from stallfree.engine import LLMEngine
+    from stallfree.loadgen.results.request_metrics import summarize
+    from stallfree.loadgen.results.run_dir import requests_frame
+    from stallfree.loadgen.results.session_metrics import session_table
+
+    engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual", enable_prefix_caching=True)
+    specs = build_workload({"kind": "poisson", "qps": 4.0}, {"kind": "chat_sessions", "turns": 3, "user_len": 40,
+                           "output_len": 8, "think_time_s": 0.5}, 12, 0, 1000)
+    records = replay(engine, specs, max_concurrency=2).records
+    assert all(r.status == "ok" for r in records)
+    by_id = {r.request_id: r for r in records}
+    for spec, record in zip(specs, records, strict=True):
+        if spec.turn:
+            before = by_id[specs[specs.index(spec) - 1].request_id]
+            assert record.intended_send_time == pytest.approx(before.finish_time + spec.think_time_s)
+            assert record.cached_tokens >= 32  # the history's full blocks
+    summary = summarize(requests_frame(records))
+    assert summary["num_sessions"] == summary["sessions_completed"] == 4
+    assert summary["mean_turns_per_session"] == 3.0 and summary["peak_in_flight"] <= 2
+    assert summary["median_ttft_follow_up_ms"] is not None and summary["median_ttft_first_turn_ms"] is not None
+    table = session_table(requests_frame(records).assign(ttft_ms=1.0))
+    assert list(table["turns"]) == [3] * 4 and set(table["session_end"]) == {"last_turn"}
+
+
+def test_an_inprocess_session_ends_at_a_rejected_turn():
+    from stallfree.engine import LLMEngine
+    from stallfree.loadgen.results.records import NOT_SENT
+
+    engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
+    specs = build_workload({"kind": "burst"}, {"kind": "chat_sessions", "turns": 3, "user_len": 50_000,
+                           "output_len": 4}, 3, 0, 1000)  # past tiny's context
+    records = replay(engine, specs).records
+    assert records[0].status == "error" and "rejected by the engine" in records[0].error
+    assert [r.error for r in records[1:]] == [f"{NOT_SENT}: turn 0 of its session ended error"] * 2
