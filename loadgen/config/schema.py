@@ -35,7 +35,8 @@ MODES = ("run", "capacity", "study", "compare")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
 DISPATCH_KEYS = ("max_concurrency",)
-SESSION_KINDS = ("chat_sessions", "agentic_sessions")  # loadgen.workload.sessions.SESSION_WORKLOADS  # arrival keys the dispatcher reads, not the send times' process
+# loadgen.workload.sessions.SESSION_WORKLOADS and request_specs.TEXT_SESSION_WORKLOADS
+SESSION_KINDS = ("chat_sessions", "agentic_sessions", "sharegpt_sessions")  # arrival keys the dispatcher reads, not the send times' process
 OLD_CAP_TARGETS = ("http", "url")  # their target.max_in_flight is the old spelling of arrival.max_concurrency
 G = TypeVar("G")
 

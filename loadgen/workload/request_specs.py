@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.loadgen.workload.conversations import sharegpt_sessions
 from stallfree.loadgen.workload.hash_trace import TRACES_DIR, hash_trace, hash_trace_columns, is_hash_trace
 from stallfree.loadgen.workload.prefix_reuse import TokenIds, shared_prefix
 from stallfree.loadgen.workload.ramp import RampUp
@@ -168,6 +169,7 @@ LENGTHS: dict[str, Callable[..., Lengths]] = {
     "fixed": fixed, "uniform": uniform, "random": random_lengths, "zipf": zipf, "trace": trace_lengths,
 }
 # Workloads whose prompts' tokens matter, not only their lengths: (prompt, output length) pairs.
+TEXT_SESSION_WORKLOADS = {"sharegpt_sessions": sharegpt_sessions}  # sessions read from conversation files
 PROMPT_WORKLOADS: dict[str, Callable[..., list[tuple[list[int], int]]]] = {
     "shared_prefix": shared_prefix, "hash_trace": hash_trace,
 }
@@ -211,7 +213,7 @@ def _call(table: dict[str, Callable], section: str, config: dict, rng: np.random
 
 
 def is_text_workload(lengths: dict) -> bool:
-    return lengths.get("kind") in TEXT_WORKLOADS
+    return lengths.get("kind") in TEXT_WORKLOADS or lengths.get("kind") in TEXT_SESSION_WORKLOADS
 
 
 def _text_specs(lengths: dict, offsets: np.ndarray, rng: np.random.Generator, tokenizer: Tokenizer | None,
@@ -242,12 +244,16 @@ def build_workload(arrival: dict, lengths: dict, num_requests: int, seed: int, v
     offsets = _call(ARRIVALS, "arrival", {**arrival, "qps": 1.0} if ramp else arrival, arrival_rng, num_requests)
     if ramp:
         offsets = ramp.warp(offsets, num_requests)
-    if is_text_workload(lengths):
-        return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
     if lengths.get("kind") in SESSION_WORKLOADS:
         sessions = _call(SESSION_WORKLOADS, "lengths", lengths, token_rng, TokenIds(num_requests, low_token_id,
                                                                                  vocab_size))
         return session_specs(sessions, offsets, num_requests, max_total_tokens)
+    if lengths.get("kind") in TEXT_SESSION_WORKLOADS:
+        require(tokenizer is not None, "tokenizer", "given for a text workload", None)
+        sessions = _call(TEXT_SESSION_WORKLOADS, "lengths", lengths, length_rng, tokenizer)
+        return session_specs(sessions, offsets, num_requests, max_total_tokens)
+    if is_text_workload(lengths):
+        return _text_specs(lengths, offsets, length_rng, tokenizer, max_total_tokens)
     if lengths.get("kind") in PROMPT_WORKLOADS:  # clipped as lengths are, each prompt cut short: its prefix kept
         pairs = _call(PROMPT_WORKLOADS, "lengths", lengths, token_rng, TokenIds(num_requests, low_token_id, vocab_size))
         prompt_lens, output_lens = np.array([len(p) for p, _ in pairs]), np.array([o for _, o in pairs])

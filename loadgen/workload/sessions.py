@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.engine.hydra_groups import ConfigError, is_int, is_number, require
 from stallfree.loadgen.workload.prefix_reuse import TokenIds
 from stallfree.loadgen.workload.spec import CONTEXT_LIMIT, LAST_TURN, REQUEST_LIMIT, RequestSpec
 
@@ -23,6 +23,7 @@ class Turn:
     prompt: list[int]
     output_len: int
     think_time_s: float  # after the previous turn's response ended (0 for a session's first turn)
+    messages: list[dict] | None = None  # chat messages of a text session (prompt: their template's token ids)
 
 
 Session = list[Turn]
@@ -98,11 +99,14 @@ def agentic_sessions(rng: np.random.Generator, ids: TokenIds, system_len: int = 
 
 def fitted(session: Session, max_total_tokens: int | None) -> tuple[Session, str]:
     """The turns of a session that fit ``max_total_tokens`` (prompt + output) and why it ends: the first turn
-    that does not fit ends it (CONTEXT_LIMIT; a first turn over it is cut to fit, keeping its start)."""
+    that does not fit ends it (CONTEXT_LIMIT; a first turn over it is cut to fit, keeping its start, or, as text,
+    leaves the session out)."""
     over = (k for k, turn in enumerate(session) if len(turn.prompt) + turn.output_len > (max_total_tokens or 0))
     first_over = next(over, len(session)) if max_total_tokens is not None else len(session)
     if first_over == len(session):
         return session, LAST_TURN
+    if first_over == 0 and session[0].messages is not None:  # text cannot be cut: the session is left out
+        return [], CONTEXT_LIMIT
     if first_over == 0:
         turn = session[0]
         output = min(turn.output_len, max(1, max_total_tokens // 2))
@@ -118,16 +122,21 @@ def session_specs(sessions: Iterable[Session], offsets: np.ndarray, num_requests
     """The first ``num_requests`` turns of the sessions, session by session, each session starting at the next
     of ``offsets``; the last one kept may be cut short by the request count (REQUEST_LIMIT)."""
     specs: list[RequestSpec] = []
-    for s, session in enumerate(sessions):
+    kept = 0
+    for session in sessions:
         turns, end = fitted(session, max_total_tokens)
+        if not turns:
+            continue
         room = num_requests - len(specs)
         if len(turns) > room:
             turns, end = turns[:room], REQUEST_LIMIT
         for k, turn in enumerate(turns):
-            specs.append(RequestSpec(request_id=f"req-{len(specs):06d}", send_offset_s=float(offsets[s]),
-                                     prompt_token_ids=turn.prompt, max_tokens=turn.output_len,
-                                     session_id=f"session-{s:05d}", turn=k, think_time_s=turn.think_time_s,
+            specs.append(RequestSpec(request_id=f"req-{len(specs):06d}", send_offset_s=float(offsets[kept]),
+                                     prompt_token_ids=turn.prompt, max_tokens=turn.output_len, messages=turn.messages,
+                                     session_id=f"session-{kept:05d}", turn=k, think_time_s=turn.think_time_s,
                                      session_end=end if k == len(turns) - 1 else None))
+        kept += 1
         if len(specs) == num_requests:
-            break
-    return specs
+            return specs
+    raise ConfigError(f"num_requests must be <= the {len(specs)} turns of the workload's sessions that fit "
+                      f"max_total_tokens={max_total_tokens}, got {num_requests}")

@@ -71,9 +71,10 @@ def test_a_capacity_search_sets_the_rate_itself():
 
 def test_session_presets_and_locust():
     from stallfree.loadgen.config.schema import SESSION_KINDS
+    from stallfree.loadgen.workload.request_specs import TEXT_SESSION_WORKLOADS
     from stallfree.loadgen.workload.sessions import SESSION_WORKLOADS
 
-    assert sorted(SESSION_KINDS) == sorted(SESSION_WORKLOADS)
+    assert sorted(SESSION_KINDS) == sorted([*SESSION_WORKLOADS, *TEXT_SESSION_WORKLOADS])
     for name in ("chat", "agentic"):
         assert bench_config(f"workload={name}").workload.lengths["kind"] in SESSION_KINDS
     with pytest.raises(ConfigError, match="workload must be a workload without sessions with target=locust"):

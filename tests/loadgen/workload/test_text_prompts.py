@@ -93,3 +93,44 @@ def test_text_prompts_of_a_workload_of_lengths_count_exactly_and_are_stable(toke
     assert len({t.prompt for t in texted}) == len(texted)
     assert with_text_prompts(specs, texts) == texted  # the same spec always gets the same text
     assert with_text_prompts(texted, texts) == texted  # text is kept
+
+
+def test_sharegpt_sessions_replay_the_real_turns(tokenizer):
+    from stallfree.loadgen.workload.spec import LAST_TURN
+
+    specs = _build({"kind": "sharegpt_sessions", "path": str(DATA / "sharegpt_sample.json"), "shuffle": False,
+                    "think_time_s": 1.0}, 4, tokenizer)
+    assert [(s.session_id, s.turn) for s in specs] == [("session-00000", 0), ("session-00001", 0),
+                                                       ("session-00001", 1), ("session-00002", 0)]
+    second = specs[2]  # the whole history: the first question, its real answer, the next question
+    assert second.messages == [{"role": "user", "content": "Name three primary colors."},
+                               {"role": "assistant", "content": "Red, yellow and blue."},
+                               {"role": "user", "content": "And secondary ones?"}]
+    assert second.prompt_token_ids == chat_token_ids(tokenizer, second.messages)
+    assert second.max_tokens == len(tokenizer.encode("Green, orange and purple.", add_special_tokens=False))
+    assert second.think_time_s > 0 and specs[1].think_time_s == 0.0
+    assert [s.session_end for s in specs] == [LAST_TURN, None, LAST_TURN, LAST_TURN]
+    assert specs[1].send_offset_s == specs[2].send_offset_s < specs[3].send_offset_s
+
+
+def test_sharegpt_sessions_from_jsonl_messages_and_their_limits(tokenizer, tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text('{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, '
+                    '{"role": "assistant", "content": "Hello!"}]}\n'
+                    '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}\n')
+    specs = _build({"kind": "sharegpt_sessions", "path": str(path)}, 1, tokenizer)
+    assert specs[0].messages[0] == {"role": "system", "content": "Be brief."}  # the skipped one does not alternate
+    with pytest.raises(ConfigError, match="num_requests must be <= the 1 turns"):
+        _build({"kind": "sharegpt_sessions", "path": str(path)}, 2, tokenizer)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"messages": [{"role": "user", "content": "a"}]}\n{"nope": 1}\n', r"chats.jsonl line 2: not an object with"),
+    ('{"messages": [{"role": "robot", "content": "a"}]}\n', r"chats.jsonl line 1: turn 0 is not"),
+    ('{"messages": [\n', r"chats.jsonl line 1 is not JSON"),
+])
+def test_a_malformed_conversation_file_names_the_record(tokenizer, tmp_path, content, message):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=f"lengths.path: .*{message}"):
+        _build({"kind": "sharegpt_sessions", "path": str(path)}, 1, tokenizer)
