@@ -29,6 +29,7 @@ from stallfree.analysis.capacity_ranking import (
     disturbance,
 )
 from stallfree.analysis.load import disturbed_mask
+from stallfree.analysis.prefix_study import prefix_conclusion
 from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS
 
 # --- capacities from the results ------------------------------------------------------------------
@@ -195,6 +196,8 @@ def conclusion_markdown(results_dir: str | Path, runs: pd.DataFrame, slos: Mappi
         parts.append(f"**P99 TBT at each QPS**, lowest first (SLOs: {slo_text or 'none'}): " + "; ".join(by_qps) + ".")
     if (note := prefix_cache_note(runs)) is not None:
         parts.append(note)
+    if (study := prefix_conclusion(results_dir)) is not None:
+        parts.append(study)
     return "\n\n".join(parts)
 
 

@@ -33,6 +33,7 @@ DERIVED_BATCH_COLUMNS = ("iteration_ms", "num_tokens", "kind", "decode_stall")  
 # figures list them; tests/analysis/test_policies.py checks they are the registry's names.
 POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill", "hybrid")
 NO_CHUNK = "none"
+PREFIX_SUFFIX = "+prefix"  # a config label's mark of an engine that cached prefixes
 
 Source = str | Path | Iterable[str | Path] | pd.DataFrame
 
@@ -171,11 +172,14 @@ def disturbed_mask(runs: pd.DataFrame) -> pd.Series:
 
 
 def label_configs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Types `chunk_size` (NA: the policy does not chunk) and adds the `chunk` / `config` labels."""
+    """Types `chunk_size` (NA: the policy does not chunk) and adds the `chunk` / `config` labels; an engine that
+    cached prefixes (`prefix_caching` true) is `<config>+prefix`."""
     chunk_size = pd.to_numeric(frame["chunk_size"]).astype("Int64")
     chunked = chunk_size.notna()
     chunk = chunk_size.astype("string").fillna(NO_CHUNK).astype(str)
     config = frame["scheduler"].astype(str) + ("-" + chunk).where(chunked, "")
+    if "prefix_caching" in frame:
+        config = config + pd.Series(PREFIX_SUFFIX, index=frame.index).where(frame["prefix_caching"].eq(True), "")
     return frame.assign(chunk_size=chunk_size, chunk=chunk, config=config)
 
 

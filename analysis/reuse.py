@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-WARN_POINTS = 0.1  # loadgen.results.server_summary.PREFIX_CACHE_WARN_POINTS (analysis may not import loadgen)
+from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS as WARN_POINTS
+
 SESSION_COLUMNS = {"num_sessions": "sessions", "sessions_completed": "completed",
                    "sessions_context_limit": "ended at context", "mean_turns_per_session": "turns / session",
                    "median_ttft_first_turn_ms": "TTFT first turn p50 (ms)",

@@ -45,7 +45,7 @@ from stallfree.loadgen.sweep.slo import reference_text, resolve_slo
 from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 
 BACKLOG_GROWTH = 1.5  # peak in flight this much higher on a run >= 2x as long: the server falls behind
-RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests")  # copied into each record
+RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests", "prefix_caching")  # into each record
 _searched: dict[Path, str] = {}  # the searches this process ran: record file -> the job that ran it
 
 

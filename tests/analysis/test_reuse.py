@@ -1,13 +1,7 @@
 """The report's prefix-reuse and sessions table."""
 import pandas as pd
 
-from stallfree.analysis.reuse import WARN_POINTS, reuse_table
-
-
-def test_warn_points_match_the_harness():
-    from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS
-
-    assert WARN_POINTS == PREFIX_CACHE_WARN_POINTS
+from stallfree.analysis.reuse import reuse_table
 
 
 def test_each_run_says_how_its_servers_hit_rate_compares_with_the_workloads():
