@@ -28,7 +28,7 @@ from stallfree.analysis.capacity_ranking import (
     comparison,
     disturbance,
 )
-from stallfree.analysis.load import disturbed_mask
+from stallfree.analysis.load import PREFIX_SUFFIX, disturbed_mask
 from stallfree.analysis.prefix_study import prefix_conclusion
 from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS
 
@@ -42,7 +42,8 @@ def _json_records(results_dir: Path) -> list[dict]:
 
 def _config(record: Mapping) -> str:
     chunk = record.get("chunk_size")
-    return str(record["scheduler"]) + ("" if chunk is None or pd.isna(chunk) else f"-{int(chunk)}")
+    return (str(record["scheduler"]) + ("" if chunk is None or pd.isna(chunk) else f"-{int(chunk)}")
+            + (PREFIX_SUFFIX if record.get("prefix_caching") is True else ""))
 
 
 def _disturbed_ids(runs: pd.DataFrame) -> set[str]:

@@ -58,7 +58,7 @@ def capacity_table(results_dir: str | Path) -> pd.DataFrame:
     capacity is itself a lower bound: their order is not established), and the metrics of the run at the
     capacity (the highest passing probe)."""
     records = [with_bound(r) for f in experiment_files(results_dir, "capacity.json") for r in json.loads(f.read_text())
-               if r.get("model") in DEPLOYMENTS]
+               if r.get("model") in DEPLOYMENTS and not r.get("prefix_caching")]  # the prefix study's: its own
     if not records:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     table = pd.DataFrame(records).rename(columns={"model": "deployment", "workload": "trace", "slo_name": "slo",

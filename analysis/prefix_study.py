@@ -22,6 +22,11 @@ def _records(results_dir: Path) -> list[dict]:
             if r.get("prefix_caching") is not None]
 
 
+def has_prefix_study(results_dir: str | Path) -> bool:
+    """Whether a capacity search here ran with the engine's prefix cache on."""
+    return any(r["prefix_caching"] for r in _records(Path(results_dir)))
+
+
 def _ttft_at_capacity(results_dir: Path, record: dict) -> float | None:
     """The median TTFT (ms) of the search's highest passing point, from that run's summary."""
     passed = [p for p in record.get("points", []) if p["passed"] and p.get("run_id")]

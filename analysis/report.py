@@ -23,6 +23,7 @@ from stallfree.analysis.conclusion import conclusion_markdown, paper_conclusion
 from stallfree.analysis.load import load_batches, load_runs
 from stallfree.analysis.paper import capacity_table
 from stallfree.analysis.phases import find_phases
+from stallfree.analysis.prefix_study import has_prefix_study
 from stallfree.analysis.vllm_format import export_vllm
 from stallfree.loadgen.results.writable import ResultsDirError, probe_writable, results_dir_error
 
@@ -127,7 +128,8 @@ def build_report(results_dir: str | Path, slo_tbt_ms: float | None = None,
     # The paper study's results mix deployments and traces, which the generic sections (one model and
     # workload, policies side by side) cannot tell apart: they get the paper section alone.
     phases_csv = find_phases(results_dir)
-    paper_study = has_section_data("paper", results_dir)
+    # a prefix-caching study on a simulated deployment compares caching off and on: not the paper's study
+    paper_study = has_section_data("paper", results_dir) and not has_prefix_study(results_dir)
     if paper_study:
         sections = [(name, results_dir, {}) for name in ["paper"]]
     elif has_section_data("compare", results_dir):  # engines side by side: policies' sections do not apply

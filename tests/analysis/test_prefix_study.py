@@ -46,3 +46,16 @@ def test_the_conclusion_says_how_caching_moves_capacity_and_whether_the_ranking_
 
 def test_no_study_no_lines(tmp_path):
     assert prefix_conclusion(tmp_path) is None and prefix_table(tmp_path).empty
+
+
+def test_the_preset_keeps_one_experiment_per_workload():
+    from hydra import compose, initialize_config_dir
+
+    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.loadgen.config.checks import validate_cli
+
+    validate_cli(["+experiment=prefix", "model=mistral7b_a100"])
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("bench", ["+experiment=prefix", "workload=agentic"], return_hydra_config=True)
+    assert cfg.experiment_name == "prefix_agentic" and cfg.mode == "capacity"
+    assert cfg.hydra.sweep.dir.endswith(".hydra/prefix")
