@@ -1,6 +1,8 @@
 """stallfree-serve against vLLM's CPU build, both with their prefix caches on, on a prefix-reuse workload.
 
-Agent-like traffic: ``--prefixes`` long system prompts of ``--prefix-len`` tokens, each request one of them
+``--workload agentic`` (or ``chat``): the bench's session workload of that name (conf/workload/), each turn
+resending its session's history, a follow-up sent its think time after the turn before it ended, ``--qps``
+sessions per second. Otherwise agent-like traffic: ``--prefixes`` long system prompts of ``--prefix-len`` tokens, each request one of them
 plus ``--suffix-len`` tokens of its own and ``--output-len`` output tokens (``workload=shared_prefix``), sent
 open loop at Poisson times (``--qps``) to each server in turn, both up, each round once the other has gone
 quiet, new prompts each round. Same model directory, dtype, chunk size (512), KV budget and KV block size
@@ -18,11 +20,13 @@ import urllib.request
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from benchmarks.engine_throughput import write_result
 from benchmarks.server_overhead import start_server
 from benchmarks.vs_vllm_cpu import cpu_seconds, start_vllm, wait_until_quiet
 from stallfree.engine.device import choose_dtype
+from stallfree.engine.hydra_groups import CONF_DIR
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
@@ -65,6 +69,8 @@ def main() -> None:
     ap.add_argument("--prefix-len", type=int, default=1024)
     ap.add_argument("--suffix-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--workload", default="shared_prefix", choices=["shared_prefix", "agentic", "chat"],
+                    help="agentic / chat: the bench's session workloads (conf/workload/), --qps in sessions/s")
     ap.add_argument("--block-size", type=int, default=32, help="KV block size of both servers (vLLM's CPU build: 32)")
     ap.add_argument("--kv-gib", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -75,6 +81,10 @@ def main() -> None:
     vocab_size = ArchConfig.from_dir(model_dir).vocab_size
     lengths = {"kind": "shared_prefix", "num_prefixes": args.prefixes, "prefix_len": args.prefix_len,
                "suffix_len": args.suffix_len, "output_len": args.output_len}
+    max_total_tokens = None
+    if args.workload != "shared_prefix":
+        preset = OmegaConf.load(CONF_DIR / "workload" / f"{args.workload}.yaml")
+        lengths, max_total_tokens = OmegaConf.to_container(preset.lengths), preset.max_total_tokens
     result: dict = {**vars(args), "dtype": dtype, "chunk": 512, "rounds": []}
     log = Path(args.out).with_suffix(".vllm.log")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +96,7 @@ def main() -> None:
                           "--enable-prefix-caching", "--block-size", str(args.block_size))
         for i in range(args.rounds):
             specs = build_workload({"kind": "poisson", "qps": args.qps}, lengths, args.num_requests, 100 + i,
-                                   vocab_size)
+                                   vocab_size, max_total_tokens)
             ideal = ideal_hit_rate([s.prompt_token_ids for s in specs], args.block_size)
             order = [("stallfree", "http://127.0.0.1:8134", args.model, peer.pid),
                      ("vllm", "http://127.0.0.1:8135", str(model_dir), ours.pid)]
