@@ -129,3 +129,11 @@ def test_a_server_that_served_prompts_from_its_prefix_cache_is_named_not_like_fo
     assert "stallfree" not in note and "--no-enable-prefix-caching" in note
     assert conclusion.prefix_cache_note(runs.assign(server_prefix_cache_hit_rate=[0.0, 0.01, None])) is None
     assert conclusion.prefix_cache_note(runs.drop(columns="server_prefix_cache_hit_rate")) is None
+
+
+def test_engines_that_cached_prefixes_are_told_apart_from_those_that_did_not():
+    runs = pd.DataFrame({"scheduler": ["sarathi", "sarathi", "vllm"], "chunk_size": [512, 512, None],
+                         "prefix_caching": [False, True, None]})
+    assert list(load.label_configs(runs)["config"]) == ["sarathi-512", "sarathi-512+prefix", "vllm"]
+    assert conclusion._config({"scheduler": "vllm", "chunk_size": None, "prefix_caching": True}) == "vllm+prefix"
+    assert conclusion._config({"scheduler": "sarathi", "chunk_size": 256}) == "sarathi-256"
