@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stallfree.loadgen.openai_client.client import HttpClient, send_request
-from stallfree.loadgen.results.records import NOT_SENT, RequestRecord
+from stallfree.loadgen.results.records import RequestRecord, session_ended
 from stallfree.loadgen.workload.spec import RequestSpec, session_groups
 
 
@@ -104,7 +104,7 @@ def _end_session(records: list, turns: list[int], specs: Sequence[RequestSpec], 
     """The turns after a failed one: rows never sent, saying why."""
     for i in turns:
         records[i] = RequestRecord.unsent(specs[i], intended_send_time=intended[turns[0]], is_warmup=i < warmup)
-        records[i].error = f"{NOT_SENT}: turn {failed.turn} of its session ended {failed.status}"
+        records[i].error = session_ended(failed)
         if progress is not None:
             progress(records[i])
 

@@ -14,6 +14,11 @@ from stallfree.loadgen.workload.request_specs import RequestSpec
 NOT_SENT = "not sent"
 
 
+def session_ended(failed: RequestRecord) -> str:
+    """The error of a session's turn never sent because an earlier turn of it failed."""
+    return f"{NOT_SENT}: turn {failed.turn} of its session ended {failed.status}"
+
+
 def as_row(record) -> dict:
     """A (non-slots) dataclass instance as a dict that shares its lists: ``dataclasses.asdict`` deep-copies
     every token-time list, which took longer than a simulated run's engine steps."""

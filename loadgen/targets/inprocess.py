@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from stallfree.engine.hydra_groups import ConfigError
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import model_vocab_size
-from stallfree.loadgen.results.records import NOT_SENT, RequestRecord, as_row
+from stallfree.loadgen.results.records import RequestRecord, as_row, session_ended
 from stallfree.loadgen.targets.base import ENGINE_SHAPE, TARGETS, Progress, Replay
 from stallfree.loadgen.workload.spec import RequestSpec, session_groups
 
@@ -91,9 +91,10 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
     index = {spec.request_id: i for i, spec in enumerate(specs)}
     # (intended send, index) of the requests due to be added: each first turn now, a follow-up as the turn
     # before it ends (loadgen.workload.spec.session_groups)
-    unsent = [(records[turns[0]].intended_send_time, turns[0]) for turns in session_groups(specs)]
+    groups = session_groups(specs)
+    unsent = [(records[turns[0]].intended_send_time, turns[0]) for turns in groups]
     heapq.heapify(unsent)
-    next_turn = {turns[k]: turns[k + 1] for turns in session_groups(specs) for k in range(len(turns) - 1)}
+    next_turn = {turns[k]: turns[k + 1] for turns in groups for k in range(len(turns) - 1)}
     arrivals: list[float] = []  # of the requests added, sorted
     by_arrival: list[tuple[float, str]] = []  # a heap: the oldest arrival in flight first
     cap = max_concurrency or len(specs)
@@ -141,7 +142,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
         first_unsent = records[k].intended_send_time
         while k is not None:
             records[k].intended_send_time = first_unsent
-            records[k].error = f"{NOT_SENT}: turn {record.turn} of its session ended {record.status}"
+            records[k].error = session_ended(record)
             if progress is not None:
                 progress(records[k])
             k = next_turn.get(k)

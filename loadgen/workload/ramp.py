@@ -40,13 +40,13 @@ class RampUp:
     def split(cls, arrival: dict) -> tuple[RampUp | None, dict]:
         """(the ramp of an arrival config, None without one; the config without the ramp's keys)."""
         rest = {k: v for k, v in arrival.items() if k not in RAMP_KEYS}
-        if arrival.get("ramp_up_strategy") is None:
-            given = [k for k in RAMP_KEYS[1:] if arrival.get(k) is not None]
-            require(not given, f"arrival.{given[0] if given else ''}", "unset without arrival.ramp_up_strategy",
-                    arrival.get(given[0]) if given else None)
-            return None, rest
+        strategy = arrival.get("ramp_up_strategy")
         for key in RAMP_KEYS[1:]:
-            require(arrival.get(key) is not None, f"arrival.{key}", "set with arrival.ramp_up_strategy", None)
+            rule = "set with" if strategy is not None else "unset without"
+            require((arrival.get(key) is not None) == (strategy is not None), f"arrival.{key}",
+                    f"{rule} arrival.ramp_up_strategy", arrival.get(key))
+        if strategy is None:
+            return None, rest
         require("qps" in rest, "arrival.ramp_up_strategy", "null unless the arrival process is driven by qps "
                 "(poisson, gamma, constant)", arrival["ramp_up_strategy"])
         return cls(arrival["ramp_up_strategy"], arrival["ramp_up_start_qps"], arrival["ramp_up_end_qps"]), rest

@@ -101,8 +101,10 @@ def fitted(session: Session, max_total_tokens: int | None) -> tuple[Session, str
     """The turns of a session that fit ``max_total_tokens`` (prompt + output) and why it ends: the first turn
     that does not fit ends it (CONTEXT_LIMIT; a first turn over it is cut to fit, keeping its start, or, as text,
     leaves the session out)."""
-    over = (k for k, turn in enumerate(session) if len(turn.prompt) + turn.output_len > (max_total_tokens or 0))
-    first_over = next(over, len(session)) if max_total_tokens is not None else len(session)
+    if max_total_tokens is None:
+        return session, LAST_TURN
+    first_over = next((k for k, turn in enumerate(session) if len(turn.prompt) + turn.output_len > max_total_tokens),
+                      len(session))
     if first_over == len(session):
         return session, LAST_TURN
     if first_over == 0 and session[0].messages is not None:  # text cannot be cut: the session is left out
