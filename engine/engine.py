@@ -70,6 +70,8 @@ class LLMEngine:
         else:
             self.runner, self.batches, self.clock, num_blocks = make_executor(
                 config, path, arch, self.max_model_len, self.dtype, self.device, self.eos_token_ids, cost_model)
+        # which kernels run the linears, where a model runs in this process (not in workers or a simulation)
+        self.linear_kernels: str | None = getattr(self.runner, "linear_kernels", None)
         kv_manager = PrefixCachingKVCacheManager if cc.enable_prefix_caching else KVCacheManager
         self.kv = kv_manager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)

@@ -43,7 +43,8 @@ RESIDUAL_KINDS = ("decode", "prefill", "hybrid")
 # 6: bf16 linears on the engine's AMX kernel (gate_up with SiLU-and-mul); greedy sampling through max.
 # 7: vectorized bf16 norms, rotary and cache writes; the AMX linears' output per row group; a native argmax.
 # 8: each decoder layer in one native call where all its parts are native (bf16 on AMX).
-ENGINE_REVISION = 8
+# 9: bf16 linears on the tiled kernel's AVX512-BF16 path where the CPU has no AMX (and so the one-call layer there).
+ENGINE_REVISION = 9
 NUM_RESIDUAL_QUANTILES = 41
 NUM_RESIDUAL_BUCKETS = 3  # of predicted time, equal in profiled iterations
 MIN_BUCKET_RECORDS = 30

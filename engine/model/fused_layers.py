@@ -21,10 +21,10 @@ from torch import nn
 
 from stallfree.engine.attention.cpu_paged import CPUPagedAttention
 from stallfree.engine.attention.metadata import AttentionMetadata
-from stallfree.engine.model.amx_linear import AmxLinear
 from stallfree.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from stallfree.engine.model.native_ops import NativeApplyRotary, NativeRMSNorm
 from stallfree.engine.model.tensor_parallel import AllReduceOutput
+from stallfree.engine.model.tiled_linear import TiledLinear
 from stallfree.engine.native.cpu_kernels import load_cpu_kernels
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -64,8 +64,8 @@ def can_fuse(layer: DecoderLayer) -> bool:
             and all(type(norm) is NativeRMSNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm))
             and layer.input_layernorm.eps == layer.post_attention_layernorm.eps
             and type(attn.rotary) is NativeApplyRotary and type(mlp.act) is nn.Identity
-            and all(type(linear) is AmxLinear and not linear.silu_and_mul for linear in plain)
-            and type(mlp.gate_up_proj) is AmxLinear and mlp.gate_up_proj.silu_and_mul
+            and all(type(linear) is TiledLinear and not linear.silu_and_mul for linear in plain)
+            and type(mlp.gate_up_proj) is TiledLinear and mlp.gate_up_proj.silu_and_mul
             and o_proj.bias is None and mlp.gate_up_proj.bias is None and down_proj.bias is None)
 
 

@@ -7,7 +7,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear, fuse_silu_and_mul
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.fused_layers import fuse_layers
 from stallfree.engine.model.llama import LlamaForCausalLM
@@ -15,6 +14,12 @@ from stallfree.engine.model.native_ops import can_use_native_ops, use_native_ops
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack, pack_linears, tune_pieces
 from stallfree.engine.model.stages import PipelineStage
 from stallfree.engine.model.tensor_parallel import TensorParallel, reduce_row_parallel, split_vocab
+from stallfree.engine.model.tiled_linear import (
+    TiledLinear,
+    can_use_tiled_linear,
+    fuse_silu_and_mul,
+    linear_path,
+)
 from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
@@ -25,6 +30,15 @@ FUSED_PARTS = {
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
 }
+
+
+def linear_kernels(model: torch.nn.Module) -> str:
+    """Which kernel runs ``model``'s linears, for startup lines: ``tiled/<path>`` (engine/model/tiled_linear.py:
+    amx, avx512_bf16), ``onednn`` (packed), or ``torch``."""
+    kinds = {type(module) for module in model.modules()}
+    if TiledLinear in kinds:
+        return f"tiled/{linear_path()}"
+    return "onednn" if PackedLinear in kinds else "torch"
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -118,15 +132,15 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, de
     # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
     model.rotary = type(model.rotary)(cfg, max_len)
     model = model.to(device=device, dtype=dtype).eval()
-    if tp is not None:  # before packing: the AMX linears take the sharded weights inside the all-reduces
+    if tp is not None:  # before packing: the tiled linears take the sharded weights inside the all-reduces
         reduce_row_parallel(model, tp)
     if can_pack(device, dtype):
-        # AMX where the shape tiles: in the model, faster than oneDNN at decode steps and as fast at prefill
-        # chunks (engine/model/amx_linear.py)
+        # The tiled kernel (AMX or AVX512-BF16) where the shape tiles: in the model, faster than oneDNN at decode
+        # steps (engine/model/tiled_linear.py)
         fuse_silu_and_mul(model, device, dtype)
         lm_head = model.lm_head if model.stage.last else None  # its logits come out in fp32, as the model returns them
-        pack_linears(model, lambda linear: AmxLinear(linear, float_output=linear is lm_head)
-                     if can_use_amx_linear(device, dtype, linear) else PackedLinear(linear))
+        pack_linears(model, lambda linear: TiledLinear(linear, float_output=linear is lm_head)
+                     if can_use_tiled_linear(device, dtype, linear) else PackedLinear(linear))
         tune_pieces([m for m in model.layers.modules() if isinstance(m, PackedLinear)], dtype)
     if can_use_native_ops(device, dtype):
         use_native_ops(model)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from stallfree.engine.model.llama import Hidden, LlamaForCausalLM
+from stallfree.engine.model.loader import linear_kernels
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.batch_prep import HostBatch, prepare_host_batch, to_device
 from stallfree.engine.runner.cpu_threads import CpuThreads
@@ -53,6 +54,8 @@ class ModelRunner:
                  op_split_every: int = 0, cpu_threads: CpuThreads | None = None):
         self.model, self.attn_backend, self.block_size, self.device = model, attn_backend, block_size, device
         self.dtype, self.max_model_len = dtype, max_model_len
+        self.linear_kernels = linear_kernels(model)
+        log.info("linear kernels: %s", self.linear_kernels)
         graph_safe = getattr(attn_backend, "cuda_graph_safe", False)
         use_graphs = cuda_graphs and graph_safe and (device.type == "cuda" or new_graph is not None)
         if cuda_graphs and device.type == "cuda" and not graph_safe:

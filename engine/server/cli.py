@@ -94,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stallfree-serve: error: {one_line(exc)}", file=sys.stderr)
         return 2
     dtype = app.state.stallfree.engine_loop.engine.dtype_choice
+    kernels = app.state.stallfree.engine_loop.engine.linear_kernels
     server = uvicorn_server(app, cfg, on_ready=lambda s: print(
         f"stallfree-serve ready: http://{cfg.host}:{s.port} model={engine.model.model} "
-        f"scheduler={engine.scheduler.policy} chunk_size={engine.scheduler.chunk_size} dtype={dtype}", flush=True))
+        f"scheduler={engine.scheduler.policy} chunk_size={engine.scheduler.chunk_size} dtype={dtype}"
+        + (f" linears={kernels}" if kernels else ""), flush=True))
     # uvicorn handles SIGTERM / SIGINT itself (graceful shutdown) and re-raises the signal afterwards:
     # these no-op handlers make that re-raise end in a clean exit 0 instead of a kill or a traceback.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}

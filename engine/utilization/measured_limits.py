@@ -3,11 +3,11 @@ machine and cached (``<cache>/machine_limits.json``, keyed by the device, its th
 
 Both are the best of several trials: a limit is a maximum, and a shared machine's noise only ever lowers a
 trial. The matmul peak is the best of PyTorch's default matmul and, where the engine uses them, oneDNN with a
-packed weight (engine/model/packed_linear.py) and the AMX linear (engine/model/amx_linear.py): a peak below
+packed weight (engine/model/packed_linear.py) and the tiled linear (engine/model/tiled_linear.py): a peak below
 a kernel the engine runs would put MFU above 1. The bandwidth is the highest read rate from memory: a stream
 over a buffer four times the last-level cache (1 GiB at least), read by a reduction and by a one-row product
 with a weight of that size (what a batch-1 decode step does), through PyTorch's kernel and, where the engine
-uses it, the AMX linear (engine/model/amx_linear.py). Reads only: a copy's stores first fetch the lines they
+uses it, the tiled linear (engine/model/tiled_linear.py). Reads only: a copy's stores first fetch the lines they
 overwrite (write-allocate), so counting a copy as read + write puts the limit a third below what moved, and
 the engine's own kernels then ran above it. ``benchmarks/engine_throughput.py`` and ``benchmarks/gpu.py``
 measure with these functions and refresh the cache.
@@ -28,8 +28,8 @@ import torch
 
 from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.device import cpu_description
-from stallfree.engine.model.amx_linear import AmxLinear, can_use_amx_linear
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack
+from stallfree.engine.model.tiled_linear import TiledLinear, can_use_tiled_linear
 
 CPU = torch.device("cpu")
 METHOD = "read stream, held cores"  # part of the cache key: limits measured another way are measured again
@@ -126,10 +126,10 @@ def measure_matmul_flops(dtype: torch.dtype, device: torch.device = CPU, n: int 
         linear = torch.nn.Linear(n, n, bias=False, dtype=dtype)
         packed = PackedLinear(linear)
         best = max(best, best_rate(2 * n**3, lambda: packed(a), clock=clock))
-        if can_use_amx_linear(device, dtype, linear):
-            amx = AmxLinear(linear)
+        if can_use_tiled_linear(device, dtype, linear):
+            tiled = TiledLinear(linear)
             with torch.inference_mode():
-                best = max(best, best_rate(2 * n**3, lambda: amx(a), clock=clock))
+                best = max(best, best_rate(2 * n**3, lambda: tiled(a), clock=clock))
     return best
 
 
@@ -164,9 +164,9 @@ def measure_bandwidth(device: torch.device = CPU, dtype: torch.dtype = torch.flo
     weight_bytes = linear.weight.numel() * dtype.itemsize
     with torch.inference_mode():
         best = max(best, best_rate(weight_bytes, lambda: linear(row), repeats=2, device=device))
-        if can_use_amx_linear(device, dtype, linear):
-            amx = AmxLinear(linear)
-            best = max(best, best_rate(weight_bytes, lambda: amx(row), repeats=2))
+        if can_use_tiled_linear(device, dtype, linear):
+            tiled = TiledLinear(linear)
+            best = max(best, best_rate(weight_bytes, lambda: tiled(row), repeats=2))
     return best
 
 

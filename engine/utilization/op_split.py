@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stallfree.engine.model.amx_linear import AmxLinear
 from stallfree.engine.model.packed_linear import PackedLinear
+from stallfree.engine.model.tiled_linear import TiledLinear
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class SplitSampler:
         if not isinstance(every, int) or every < 0:
             raise ValueError(f"model.op_split_every must be an integer >= 0 (0: never), got {every!r}")
         self.device, self.every, self.count = device, every, 0
-        self.linears = [m for m in model.modules() if isinstance(m, nn.Linear | PackedLinear | AmxLinear)]
+        self.linears = [m for m in model.modules() if isinstance(m, nn.Linear | PackedLinear | TiledLinear)]
 
     def next(self, backend) -> SampledSplit | None:
         """A SampledSplit when this iteration is sampled, else None."""

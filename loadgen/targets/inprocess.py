@@ -182,7 +182,8 @@ class InProcessTarget:
             self.engine = LLMEngine.from_config(cfg.engine_sections())
         except ValueError as e:
             raise ConfigError(f"engine: {e}") from None
-        print(f"[target] {cfg.model.model} in this process: dtype {self.engine.dtype_choice}", flush=True)
+        kernels = f", linears {self.engine.linear_kernels}" if self.engine.linear_kernels else ""
+        print(f"[target] {cfg.model.model} in this process: dtype {self.engine.dtype_choice}{kernels}", flush=True)
         self.vocab_size = model_vocab_size(cfg)
         # On a virtual clock the run's times do not depend on the CPU it gets: nothing to measure.
         self.engine_pid = None if cfg.virtual_time else os.getpid()

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers.amx import use_amx_linears
+from tests.helpers.tiled import use_tiled_linears
 
 # Modules that define Triton kernels: ``@triton.jit`` reads TRITON_INTERPRET when a module is imported.
 TRITON_KERNEL_MODULES = ("stallfree.engine.attention.triton_kernel", "stallfree.engine.model.triton_layer_kernels")
@@ -46,7 +46,7 @@ def triton_device(monkeypatch):
 
 
 @pytest.fixture
-def amx_linears(monkeypatch):
-    """bf16 CPU models built in this test use AmxLinear and the native decoder layer, on AMX or, where the CPU
-    has none, on the kernel's reference loop (tests/helpers/amx.py)."""
-    use_amx_linears(monkeypatch)
+def tiled_linears(monkeypatch):
+    """bf16 CPU models built in this test use TiledLinear and the native decoder layer, on the CPU's best path
+    or, where it has no fast one, on the kernel's reference loop (tests/helpers/tiled.py)."""
+    use_tiled_linears(monkeypatch)

@@ -1,5 +1,5 @@
 // One Llama-family decoder layer in one call: the kernels the layer's modules call (engine/model/llama.py with
-// AmxLinear, the native layer ops and the cpu_paged attention backend), in the same order on the same buffers,
+// TiledLinear, the native layer ops and the cpu_paged attention backend), in the same order on the same buffers,
 // so the outputs are the same bits.
 //
 // Why: between two kernels, the modules' Python (module calls, views, allocations, ctypes arguments) took
@@ -16,7 +16,7 @@ struct LayerArgs {
   int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate;
   float eps;
   const uint16_t *input_norm, *post_norm;
-  const uint16_t *qkv, *qkv_bias, *o, *gate_up, *down;  // AMX-packed; gate_up: [gate | up] with SiLU-and-mul
+  const uint16_t *qkv, *qkv_bias, *o, *gate_up, *down;  // tile-packed (linear_tiled.h); gate_up: [gate | up] with SiLU-and-mul
 };
 
 // One forward pass: its tokens, attention metadata and scratch, the same for every layer (FusedStepArgs).
@@ -44,7 +44,7 @@ extern "C" int decoder_layer_attention_bf16(const LayerArgs* l, const StepArgs* 
   uint16_t *q = s->qkv, *k = s->qkv + q_size, *v = s->qkv + q_size + kv_size;
   if (first) std::memcpy(residual, x, T * l->hidden * sizeof(uint16_t));
   rms_norm_bf16(x, l->hidden, residual, x, l->input_norm, T, l->hidden, l->eps, !first, threads);
-  linear_amx_bf16(x, T, l->hidden, l->qkv, width, l->qkv_bias, 0, s->qkv, threads);
+  linear_tiled_bf16(x, T, l->hidden, l->qkv, width, l->qkv_bias, 0, s->qkv, threads);
   rotary_bf16(q, width, l->num_heads, k, width, l->num_kv_heads, s->cos, s->sin, T, D, threads);
   write_cache_bf16(k, width, v, width, k_cache, v_cache, s->slot_mapping, T, l->num_kv_heads, D, s->num_blocks,
                    s->block_size, threads);
@@ -52,7 +52,7 @@ extern "C" int decoder_layer_attention_bf16(const LayerArgs* l, const StepArgs* 
                            s->seq_lens, s->num_seqs, s->attn, l->num_heads, l->num_kv_heads, D, s->num_blocks,
                            s->block_size, s->scale, threads) != 0)
     return 1;
-  return linear_amx_bf16(s->attn, T, q_size, l->o, l->hidden, nullptr, 0, x, threads);
+  return linear_tiled_bf16(s->attn, T, q_size, l->o, l->hidden, nullptr, 0, x, threads);
 }
 
 // MLP: x is (the all-reduced) o_proj output. Afterwards x holds down_proj's output and residual the stream
@@ -61,8 +61,8 @@ extern "C" int decoder_layer_mlp_bf16(const LayerArgs* l, const StepArgs* s, uin
   const int64_t T = s->tokens;
   const int threads = s->num_threads;
   rms_norm_bf16(x, l->hidden, residual, x, l->post_norm, T, l->hidden, l->eps, 1, threads);
-  linear_amx_bf16(x, T, l->hidden, l->gate_up, 2 * l->intermediate, nullptr, 1, s->act, threads);
-  return linear_amx_bf16(s->act, T, l->intermediate, l->down, l->hidden, nullptr, 0, x, threads);
+  linear_tiled_bf16(x, T, l->hidden, l->gate_up, 2 * l->intermediate, nullptr, 1, s->act, threads);
+  return linear_tiled_bf16(s->act, T, l->intermediate, l->down, l->hidden, nullptr, 0, x, threads);
 }
 
 // The whole layer in one call, where no all-reduce sits between the halves.

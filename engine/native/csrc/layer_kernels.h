@@ -19,7 +19,7 @@ int paged_attention_bf16(const uint16_t* q, int64_t q_stride_t, int64_t q_stride
                          const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, uint16_t* out,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_blocks,
                          int64_t block_size, float scale, int num_threads);
-// epilogue: 0 bf16, 1 SiLU-and-mul, 2 fp32 (Epilogue in linear_amx.cpp)
-int linear_amx_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
+// epilogue: 0 bf16, 1 SiLU-and-mul, 2 fp32 (Epilogue in linear_tiled.h)
+int linear_tiled_bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* packed, int64_t N,
                     const uint16_t* bias, int epilogue, void* y, int num_threads);
 }

@@ -15,8 +15,8 @@ from stallfree.engine.model.loader import load_model
 from stallfree.engine.model.tensor_parallel import TensorParallel
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
 from stallfree.engine.scheduler.output import ScheduledUnit
-from tests.helpers.amx import use_amx_linears
 from tests.helpers.engine import make_prompts, run_staggered
+from tests.helpers.tiled import use_tiled_linears
 
 CPU = torch.device("cpu")
 
@@ -44,7 +44,7 @@ def count_layer_calls(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])  # qwen2: a qkv bias; mistral, qwen2: GQA
-def test_fused_layers_give_the_modules_logits_bit_for_bit(arch, arch_paths, monkeypatch, amx_linears):
+def test_fused_layers_give_the_modules_logits_bit_for_bit(arch, arch_paths, monkeypatch, tiled_linears):
     engine = LLMEngine.from_kwargs(model=str(arch_paths[arch]), scheduler="sarathi", chunk_size=16, dtype="bfloat16",
                                    max_num_seqs=4)
     assert type(engine.runner.model) is FusedLlamaForCausalLM
@@ -58,7 +58,7 @@ def test_fused_layers_give_the_modules_logits_bit_for_bit(arch, arch_paths, monk
     assert all(torch.equal(a, b) for a, b in zip(fused_logits, module_logits, strict=True))
 
 
-def test_another_attention_backend_runs_the_modules(tiny_path, monkeypatch, amx_linears):
+def test_another_attention_backend_runs_the_modules(tiny_path, monkeypatch, tiled_linears):
     engine = LLMEngine.from_kwargs(model=str(tiny_path), dtype="bfloat16", attention_backend="sdpa")
     assert type(engine.runner.model) is FusedLlamaForCausalLM
     layer_calls = count_layer_calls(monkeypatch)
@@ -66,7 +66,7 @@ def test_another_attention_backend_runs_the_modules(tiny_path, monkeypatch, amx_
     assert layer_calls[0] > 0 and len(outputs) == 5
 
 
-def test_only_all_native_layers_fuse(tiny_path, amx_linears):
+def test_only_all_native_layers_fuse(tiny_path, tiled_linears):
     fp32 = LLMEngine.from_kwargs(model=str(tiny_path), dtype="float32").runner.model
     assert type(fp32) is LlamaForCausalLM and not can_fuse(fp32.layers[0])
     layer = LLMEngine.from_kwargs(model=str(tiny_path), dtype="bfloat16").runner.model.layers[0]
@@ -79,7 +79,7 @@ def test_only_all_native_layers_fuse(tiny_path, amx_linears):
 def run_fused_tp_rank(rank: int, path: str, rendezvous: str) -> None:
     """One rank of TP2 in bf16: the native layers split at the all-reduces give the sharded modules' logits bit
     for bit, over a prefill of two sequences and a decode step, with the same all-reduces."""
-    use_amx_linears(pytest.MonkeyPatch())
+    use_tiled_linears(pytest.MonkeyPatch())
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     try:
         arch = ArchConfig.from_dir(Path(path))

@@ -77,7 +77,8 @@ def test_cli_ready_line_and_sigterm():
     try:
         line = proc.stdout.readline()
         assert line.startswith("stallfree-serve ready: http://127.0.0.1:"), line + proc.stderr.read()
-        assert line.rstrip().endswith(" dtype=float32 (model.dtype=float32)"), line  # the dtype and why
+        # the dtype and why, and the kernel of the linears (fp32: oneDNN's packed kernel)
+        assert line.rstrip().endswith(" dtype=float32 (model.dtype=float32) linears=onednn"), line
         url = line.split()[2]
         assert httpx.get(f"{url}/health", trust_env=False).status_code == 200
         assert httpx.get(f"{url}/v1/models", trust_env=False).status_code == 401

@@ -135,7 +135,7 @@ def test_engine_records_utilisation_and_split(tiny_path):
     with fake_machine_limits():
         engine = LLMEngine.from_kwargs(model=str(tiny_path), scheduler="sarathi", chunk_size=64, op_split_every=2)
     model = engine.runner.model
-    # an AMX gate_up projection with SiLU-and-mul (engine/model/amx_linear.py) outputs half the features it holds
+    # a tiled gate_up projection with SiLU-and-mul (engine/model/tiled_linear.py) outputs half the features it holds
     linear = sum(m.in_features * m.out_features * (2 if getattr(m, "silu_and_mul", False) else 1)
                  for m in model.modules() if hasattr(m, "out_features"))
     assert linear == engine.utilization.counts.layer_linear_params + engine.utilization.counts.lm_head_params
