@@ -1,13 +1,19 @@
-"""bf16 CPU linears in the engine: the tiled kernel on this CPU's best path (engine/model/tiled_linear.py: AMX or
-AVX512-BF16) against oneDNN's packed kernel (``PackedLinear``), in fresh processes, alternating which goes first.
+"""CPU linears in the engine, two arms in fresh processes, alternating which goes first:
 
-Each process builds ``--model`` in bf16 (chunked prefills, chunk 512) and reads its iteration records: the median
-decode step at batch 1 (one request) and at batch ``--batch`` (``--batch`` x ``--prompt-len`` prompts admitted
-together), and the median 512-token prefill chunk. Each round gives the ratios oneDNN / tiled (above 1: the tiled
-kernel is faster); the result holds every round and the median and range of each ratio. Batch-1 decode is also
-given as a fraction of the machine's measured read bandwidth (weights read per step / step time / bandwidth).
+* ``tiled`` against ``onednn`` (the default): bf16 on the tiled kernel's best path for this CPU
+  (engine/model/tiled_linear.py: AMX or AVX512-BF16) against oneDNN's packed kernel (``PackedLinear``);
+* ``widened`` against ``fp32`` (``--arms widened,fp32``): ``model.dtype=bfloat16`` as a CPU without native bf16
+  runs it (bf16 weights widened to fp32 in the kernel, engine/model/widened_linear.py; forced here by hiding the
+  CPU's native bf16) against the model in fp32.
 
-    python -m benchmarks.linear_paths [--rounds 3] [--out benchmarks/results/linear_paths.json]
+Each process builds ``--model`` (chunked prefills, chunk 512) and reads its iteration records: the median decode
+step at batch 1 (one request) and at batch ``--batch`` (``--batch`` x ``--prompt-len`` prompts admitted
+together), and the median 512-token prefill chunk. Each round gives the ratios second arm / first arm (above 1:
+the first is faster); the result holds every round and the median and range of each ratio. Batch-1 decode is
+also given as a fraction of the machine's measured read bandwidth (weight bytes read per step / step time /
+bandwidth).
+
+    python -m benchmarks.linear_paths [--arms tiled,onednn] [--rounds 3] [--out benchmarks/results/linear_paths.json]
 """
 from __future__ import annotations
 
@@ -20,21 +26,21 @@ import sys
 
 from benchmarks.engine_throughput import write_result
 
-ARMS = ("tiled", "onednn")
+ARMS = ("tiled", "onednn", "widened", "fp32")
 CHILD = """
 import json, statistics, sys
 import torch
-from benchmarks.engine_throughput import linear_param_counts, make_prompts
-from stallfree.engine import LLM, SamplingParams
+from benchmarks.engine_throughput import make_prompts
+from stallfree.engine import LLM, SamplingParams, device
 from stallfree.engine.model import tiled_linear
-from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.utilization import machine_limits
 arm, model, batch, prompt_len, max_tokens = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 if arm == "onednn":
     tiled_linear.fast_path_available = lambda: False
-path = tiled_linear.linear_path() if arm == "tiled" else "onednn"
-llm = LLM(model, dtype="bfloat16", scheduler="sarathi", chunk_size=512)
+if arm == "widened":
+    device.cpu_has_fast_bf16 = lambda: False
+llm = LLM(model, dtype="float32" if arm == "fp32" else "bfloat16", scheduler="sarathi", chunk_size=512)
+path = llm.engine.linear_kernels
 greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 vocab = llm.engine.runner.model.lm_head.out_features
 llm.generate(make_prompts(2, 16, vocab, seed=1), SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
@@ -47,9 +53,9 @@ def median_step(prompts, prefill=0, decode=0):
 prompts = make_prompts(batch, prompt_len, vocab)
 out = {"path": path, "decode_b1_s": median_step(prompts[:1], decode=1),
        "decode_batch_s": median_step(prompts, decode=batch), "prefill_512_s": median_step(prompts[:4], prefill=512)}
-weights, _ = linear_param_counts(ArchConfig.from_dir(resolve_model_path(model)))
 limits = machine_limits(torch.device("cpu"), torch.bfloat16)
-out["decode_b1_frac_of_bandwidth"] = weights * 2 / out["decode_b1_s"] / limits.bandwidth
+weight_bytes = llm.engine.utilization.counts.weight_bytes
+out["decode_b1_frac_of_bandwidth"] = weight_bytes / out["decode_b1_s"] / limits.bandwidth
 print(json.dumps(out))
 """
 
@@ -68,24 +74,30 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--arms", default="tiled,onednn", help="two of " + ", ".join(ARMS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/linear_paths.json")
     args = ap.parse_args()
+    pair = tuple(args.arms.split(","))
+    if len(pair) != 2 or not set(pair) <= set(ARMS):
+        ap.error(f"--arms: two of {', '.join(ARMS)}, got {args.arms!r}")
+    first, second = pair
     rounds = []
     for i in range(args.rounds):
-        order = ARMS if i % 2 == 0 else ARMS[::-1]
+        order = pair if i % 2 == 0 else pair[::-1]
         arms = {arm: run(arm, args) for arm in order}
-        ratios = {f"{key}_onednn_over_tiled": arms["onednn"][key] / arms["tiled"][key]
+        ratios = {f"{key}_{second}_over_{first}": arms[second][key] / arms[first][key]
                   for key in ("decode_b1_s", "decode_batch_s", "prefill_512_s")}
         rounds.append({**arms, **ratios})
         print(f"round {i}: " + "  ".join(f"{key} {value:.3f}" for key, value in ratios.items()), flush=True)
-    result: dict = {"model": args.model, "dtype": "bfloat16", "batch": args.batch, "prompt_len": args.prompt_len,
-                    "max_tokens": args.max_tokens, "tiled_path": rounds[0]["tiled"]["path"], "rounds": rounds}
+    result: dict = {"model": args.model, "arms": list(pair), "batch": args.batch, "prompt_len": args.prompt_len,
+                    "max_tokens": args.max_tokens, "linear_kernels": {arm: rounds[0][arm]["path"] for arm in pair},
+                    "rounds": rounds}
     for key in rounds[0]:
-        if key.endswith("_onednn_over_tiled"):
+        if key.endswith(f"_{second}_over_{first}"):
             values = [r[key] for r in rounds]
             result[f"median_{key}"], result[f"range_{key}"] = statistics.median(values), [min(values), max(values)]
-    for arm in ARMS:
+    for arm in pair:
         result[f"{arm}_decode_b1_frac_of_bandwidth"] = statistics.median(
             r[arm]["decode_b1_frac_of_bandwidth"] for r in rounds)
     write_result(result, args.out)

@@ -42,12 +42,15 @@ def cpu_has_fast_bf16() -> bool:
 
 @dataclass(frozen=True)
 class DtypeChoice:
-    dtype: torch.dtype
+    dtype: torch.dtype  # what the model computes in: activations, KV cache, sums
     reason: str  # why this dtype: the setting, and for ``auto`` what it found
+    # the linears' stored weights where they differ from ``dtype`` (bf16 weights computed in fp32)
+    weight_dtype: torch.dtype | None = None
 
     @property
     def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
+        """The dtype as set: bf16 weights computed in fp32 are ``bfloat16``, as a peer server is asked to run."""
+        return str(self.weight_dtype or self.dtype).removeprefix("torch.")
 
     def __str__(self) -> str:
         return f"{self.name} ({self.reason})"
@@ -55,7 +58,8 @@ class DtypeChoice:
 
 def choose_dtype(name: str, device: torch.device | str) -> DtypeChoice:
     """``auto``: bf16 on CUDA and on CPUs with AVX512-BF16/AMX (native bf16 matmuls), fp32 otherwise (bf16
-    would be emulated, slower than fp32). Raises ValueError on an unknown name."""
+    would be emulated, slower than fp32). ``bfloat16`` on a CPU without native bf16: fp32 compute over bf16
+    linear weights (engine/model/widened_linear.py). Raises ValueError on an unknown name."""
     device = resolve_device(device) if isinstance(device, str) else device
     if name == "auto":
         if device.type == "cuda":
@@ -65,4 +69,8 @@ def choose_dtype(name: str, device: torch.device | str) -> DtypeChoice:
         return DtypeChoice(torch.float32, "model.dtype=auto: this CPU has no native bf16 (AMX-BF16 / AVX512-BF16)")
     if name not in DTYPES:
         raise ValueError(f"unknown model.dtype {name!r}; choose auto, {', '.join(DTYPES)}")
+    if DTYPES[name] == torch.bfloat16 and device.type == "cpu" and not cpu_has_fast_bf16():
+        # emulated bf16 matmuls ran ~100x slower than fp32: keep the weights' bytes, compute in fp32
+        return DtypeChoice(torch.float32, f"model.dtype={name}: this CPU has no native bf16 (AMX-BF16 / "
+                           "AVX512-BF16): bf16 weights widened to fp32, computed in fp32", torch.bfloat16)
     return DtypeChoice(DTYPES[name], f"model.dtype={name}")

@@ -76,7 +76,7 @@ class LLMEngine:
         self.kv = kv_manager(num_blocks, cc.block_size, cc.watermark)
         self.scheduler = make_scheduler(config.scheduler, self.kv, self.max_model_len, self.eos_token_ids)
         self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
-        self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype)
+        self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype, self.dtype_choice.weight_dtype)
         self.batch_records: list[BatchRecord] = []
         self.dead: str | None = None  # why the runner can run no more (a worker process died)
         self._ids = itertools.count()

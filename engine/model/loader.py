@@ -21,6 +21,7 @@ from stallfree.engine.model.tiled_linear import (
     linear_path,
 )
 from stallfree.engine.model.triton_ops import can_use_triton_ops, use_triton_ops
+from stallfree.engine.model.widened_linear import WidenedLinear, can_widen
 
 # HF parameter name suffix -> (engine parameter suffix, index of the part inside a fused tensor)
 FUSED_PARTS = {
@@ -34,10 +35,13 @@ FUSED_PARTS = {
 
 def linear_kernels(model: torch.nn.Module) -> str:
     """Which kernel runs ``model``'s linears, for startup lines: ``tiled/<path>`` (engine/model/tiled_linear.py:
-    amx, avx512_bf16), ``onednn`` (packed), or ``torch``."""
+    amx, avx512_bf16), ``widened/bf16-weights`` (engine/model/widened_linear.py), ``onednn`` (packed), or
+    ``torch``."""
     kinds = {type(module) for module in model.modules()}
     if TiledLinear in kinds:
         return f"tiled/{linear_path()}"
+    if WidenedLinear in kinds:
+        return "widened/bf16-weights"
     return "onednn" if PackedLinear in kinds else "torch"
 
 
@@ -103,9 +107,11 @@ def check_shapes(state: dict[str, torch.Tensor], model: LlamaForCausalLM) -> str
 
 
 def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, device: torch.device,
-               tp: TensorParallel | None = None, stage: PipelineStage | None = None) -> LlamaForCausalLM:
+               tp: TensorParallel | None = None, stage: PipelineStage | None = None,
+               weight_dtype: torch.dtype | None = None) -> LlamaForCausalLM:
     """The checkpoint at ``path`` as a model; with ``tp`` this rank's tensor-parallel shard of it, with
-    ``stage`` one pipeline stage of it (its layers, renumbered from 0)."""
+    ``stage`` one pipeline stage of it (its layers, renumbered from 0). ``weight_dtype=bfloat16`` with an fp32
+    ``dtype``: every weight rounded to bf16, the linears' kept in 16 bits (engine/model/widened_linear.py)."""
     if tp is not None:
         cfg = tp.shard_arch(cfg)
     tied = cfg.tie_word_embeddings
@@ -132,9 +138,14 @@ def load_model(path: Path, cfg: ArchConfig, max_len: int, dtype: torch.dtype, de
     # Buffers (RoPE tables) were created on the meta device: rebuild them for real.
     model.rotary = type(model.rotary)(cfg, max_len)
     model = model.to(device=device, dtype=dtype).eval()
+    if weight_dtype is not None:  # the weights as 16 bits hold them (the RoPE tables are not weights)
+        for param in model.parameters():
+            param.data = param.data.to(weight_dtype).to(dtype)
     if tp is not None:  # before packing: the tiled linears take the sharded weights inside the all-reduces
         reduce_row_parallel(model, tp)
-    if can_pack(device, dtype):
+    if weight_dtype is not None and can_pack(device, dtype):
+        pack_linears(model, lambda linear: WidenedLinear(linear) if can_widen(linear) else PackedLinear(linear))
+    elif can_pack(device, dtype):
         # The tiled kernel (AMX or AVX512-BF16) where the shape tiles: in the model, faster than oneDNN at decode
         # steps (engine/model/tiled_linear.py)
         fuse_silu_and_mul(model, device, dtype)

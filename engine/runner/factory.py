@@ -11,6 +11,7 @@ import torch
 
 from stallfree.engine.attention import make_attention_backend
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.device import choose_dtype
 from stallfree.engine.fitting.cost_model import CostModel
 from stallfree.engine.hydra_groups import require
 from stallfree.engine.model.arch import ArchConfig
@@ -69,7 +70,8 @@ def model_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
         probe = CudaMemoryProbe(s.device)
         memory = probe, Baseline.take(probe)  # before the weights load
     tp = s.tensor_parallel
-    model = load_model(s.path, arch, s.max_model_len, s.dtype, s.device, tp, s.pipeline_stage)
+    weight_dtype = choose_dtype(mc.dtype, s.device).weight_dtype
+    model = load_model(s.path, arch, s.max_model_len, s.dtype, s.device, tp, s.pipeline_stage, weight_dtype)
     heads = model.cfg  # the shard's heads under tensor parallelism
     attn = make_attention_backend(mc.attention_backend, s.device, s.dtype, num_heads=heads.num_heads,
                                   num_kv_heads=heads.num_kv_heads, head_dim=arch.head_dim, scale=arch.head_dim ** -0.5)

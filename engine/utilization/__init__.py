@@ -46,14 +46,15 @@ class UtilizationMeter:
             self.limits = dataclasses.replace(self.limits, peak_flops=flop_rate)
 
 
-def make_meter(runner_kind: str, runner, arch, device, dtype) -> UtilizationMeter:
+def make_meter(runner_kind: str, runner, arch, device, dtype, weight_dtype=None) -> UtilizationMeter:
     """The real runner is measured against this machine's limits (cached per machine); another runner (a
     simulated deployment) may name its hardware's published ones as ``runner.machine_limits``. Limits
-    measured on a busy machine are low, and a utilisation against them could pass 1: none is reported."""
+    measured on a busy machine are low, and a utilisation against them could pass 1: none is reported.
+    ``weight_dtype``: the linears' stored weights where they differ from ``dtype`` (the bytes a step reads)."""
     limits = machine_limits(device, dtype) if runner_kind == "model" else runner.machine_limits
     if limits is not None and limits.busy:
         log.warning("MFU and MBU not reported: the machine limits (%s) were %s; measure them again on a quiet "
                     "machine: python -m stallfree.engine.utilization.measured_limits --refresh", limits.device,
                     limits.source)
         limits = None
-    return UtilizationMeter(ModelCounts.of(arch, dtype.itemsize), limits)
+    return UtilizationMeter(ModelCounts.of(arch, dtype.itemsize, (weight_dtype or dtype).itemsize), limits)

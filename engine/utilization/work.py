@@ -35,7 +35,8 @@ class ModelCounts:
     weight_bytes: int  # the linear layers, lm_head included
 
     @classmethod
-    def of(cls, arch: ArchConfig, dtype_bytes: int) -> ModelCounts:
+    def of(cls, arch: ArchConfig, dtype_bytes: int, weight_itemsize: int | None = None) -> ModelCounts:
+        """``weight_itemsize``: bytes per linear weight, where the weights are stored narrower than ``dtype_bytes``."""
         q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
         h = arch.hidden_size
         layer = h * (q + 2 * kv) + q * h + 3 * h * arch.intermediate_size
@@ -43,7 +44,7 @@ class ModelCounts:
         return cls(layer_linear_params=arch.num_layers * layer, lm_head_params=lm_head,
                    attention_flops_per_pair=4 * arch.num_layers * q,
                    kv_bytes_per_token=2 * arch.num_layers * kv * dtype_bytes,
-                   weight_bytes=(arch.num_layers * layer + lm_head) * dtype_bytes)
+                   weight_bytes=(arch.num_layers * layer + lm_head) * (weight_itemsize or dtype_bytes))
 
     def work(self, units: Sequence) -> IterationWork:
         """The work of an iteration's ``ScheduledUnit``s, decodes first (anything with ``num_new_tokens``,
