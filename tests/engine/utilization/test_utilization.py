@@ -159,19 +159,28 @@ def test_bad_split_interval(tiny_path):
 
 
 @pytest.mark.slow
-def test_utilisation_of_small_is_a_fraction(caplog):
-    """Over real decode steps of ``small`` at batch 1 (its weights streamed from memory: the MBU that a wrong
-    bytes count or a limit measured low pushes over 1) and batch 32 (more KV, more FLOPs), against this
-    machine's measured limits. A busy machine only lengthens the iterations, so the bound still holds; where
-    the limits themselves were measured on a busy machine no utilisation is reported at all."""
-    engine = LLMEngine.from_kwargs(model="small", scheduler="vllm", max_num_seqs=32)
-    for batch in (1, 32):
+@pytest.mark.parametrize("dtype", ["auto", "float32"])  # auto: bf16 where the CPU has it (the tiled linears)
+def test_utilisation_of_small_is_a_fraction(caplog, dtype):
+    """Over real iterations of ``small``: lone prefills of 128-2,048 tokens (FLOPs, the MFU that a wrong count or a
+    low peak pushes over 1) and decode steps at batch 1 (its weights streamed from memory: the MBU that a wrong
+    bytes count or a limit measured low pushes over 1) to 128 (more KV, more FLOPs), against this machine's
+    measured limits. A busy machine only lengthens the iterations, so the bound still holds; where the limits
+    themselves were measured on a busy machine no utilisation is reported at all."""
+    engine = LLMEngine.from_kwargs(model="small", dtype=dtype, scheduler="vllm", max_num_seqs=128,
+                                   max_num_batched_tokens=4096)
+    one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for length in (128, 512, 2048):
+        engine.add_request([7 + length % 50] * length, one_token)
+        while engine.has_unfinished():
+            engine.step()
+    for batch in (1, 8, 32, 128):
         for i in range(batch):
             engine.add_request([5 + i] * 64, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
     records = engine.batch_records
-    assert {r.num_decode_seqs for r in records if r.num_prefill_tokens == 0} == {1, 32}
+    assert {r.num_prefill_tokens for r in records if r.num_decode_seqs == 0} >= {128, 512, 2048}
+    assert {r.num_decode_seqs for r in records if r.num_prefill_tokens == 0} == {1, 8, 32, 128}
     if engine.utilization.limits is None:
         assert "MFU and MBU not reported" in caplog.text and "busy machine" in caplog.text
         assert all(r.mbu is None and r.mfu is None for r in records)
