@@ -21,11 +21,13 @@ using vu = attention_tiles::Vec<attention_tiles::W>::u;
 
 constexpr int COLV = PANEL / attention_tiles::W;  // vectors across a panel's 32 columns
 constexpr int ROWS = std::max(1, (attention_tiles::W == 16 ? 16 : 12) / COLV);  // rows per pass over a panel: sums in 16 of 32 registers (12 of 16)
-constexpr int64_t SLICE_STEPS = 8;              // depth steps per slice of a panel over several row groups
+constexpr int64_t SLICE_STEPS = 8;               // depth steps per slice of a panel over several row groups (32 KB in fp32)
+constexpr int WIDEN_GROUPS = 4;                 // above this many row groups, each slice is widened once for all
 constexpr int64_t ROW_BLOCK = 256;              // rows per pass over the weight (fp32 input: 256 x 768 = 768 KB)
 
-// sums[r * PANEL .. + 32] (+)= rows r < R of x . the panel's columns over depth steps [k0, k1), as in
-// linear_avx512.cpp: of each step, the group fetches share `part` of `parts` of the lines `ahead` steps later.
+// sums[r * PANEL .. + 32] (+)= rows r < R of x . the panel's columns over depth steps [k0, k1), widening each
+// weight pair as it comes (a decode step's few rows, bound by the weight's reads); as in linear_avx512.cpp, of each
+// step the group fetches share `part` of `parts` of the lines `ahead` steps later.
 template <int R>
 __attribute__((always_inline)) inline void row_group(const float* x, int64_t K, const uint16_t* w, int64_t k0,
                                                      int64_t k1, int64_t ahead, int64_t part, int64_t parts,
@@ -65,19 +67,68 @@ __attribute__((always_inline)) inline void row_group(const float* x, int64_t K, 
     }
 }
 
+// A slice of depth steps [k0, k1) of a panel widened to fp32, one row of 32 columns per input: out[k * PANEL + c].
+void widen_slice(const uint16_t* w, int64_t k0, int64_t k1, float* out) {
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint16_t* b = w + k * 2 * TILE;
+    prefetch_ahead(b);
+    for (int pair = 0; pair < 16; ++pair)
+      for (int v = 0; v < COLV; ++v) {
+        const int64_t column = v * attention_tiles::W;
+        vu pairs;
+        std::memcpy(&pairs, b + column / 16 * TILE + pair * 32 + column % 16 * 2, sizeof pairs);
+        const vf even = (vf)(pairs << 16), odd = (vf)(pairs & 0xFFFF0000u);
+        float* row = out + ((k - k0) * DEPTH + pair * 2) * PANEL + column;
+        std::memcpy(row, &even, sizeof even);
+        std::memcpy(row + PANEL, &odd, sizeof odd);
+      }
+  }
+}
+
+// sums[r * PANEL .. + 32] (+)= rows r < R of x (from the slice's first input on) . `depth` rows of a widened slice.
+template <int R>
+__attribute__((always_inline)) inline void widened_group(const float* x, int64_t K, const float* slice, int64_t depth,
+                                                         bool resume, float* sums) {
+  vf acc[R][COLV] = {};
+  if (resume)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < COLV; ++v) std::memcpy(&acc[r][v], sums + r * PANEL + v * attention_tiles::W, sizeof(vf));
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < depth; ++k) {
+    vf w[COLV];
+    for (int v = 0; v < COLV; ++v) std::memcpy(&w[v], slice + k * PANEL + v * attention_tiles::W, sizeof(vf));
+    for (int r = 0; r < R; ++r) {
+      const float a = x[r * K + k];
+      for (int v = 0; v < COLV; ++v) acc[r][v] += a * w[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < COLV; ++v) std::memcpy(sums + r * PANEL + v * attention_tiles::W, &acc[r][v], sizeof(vf));
+}
+
+// Over more rows than one group, a panel is read in slices, the groups' sums waiting in `sums` between them. Over
+// more than WIDEN_GROUPS groups each slice is first widened into an fp32 buffer that every group then runs plain
+// FMAs on: widening pair by pair in every group (two operations per vector of weights) held a 512-row input at
+// 0.82 of oneDNN's fp32 rate, once per slice at 0.93-0.94; at 32 rows widening pair by pair was the faster.
 void panels(const float* x, int64_t M, int64_t K, const uint16_t* packed, const float* bias, int64_t N, float* y,
             int64_t first, int64_t last) {
-  const int64_t depth = K / DEPTH, groups = (M + ROWS - 1) / ROWS;
-  const int64_t slice = groups > 1 ? SLICE_STEPS : depth, ahead = groups > 1 ? SLICE_STEPS : PREFETCH_STEPS;
-  std::vector<float> sums(M * PANEL);
+  const int64_t depth = K / DEPTH, groups = (M + ROWS - 1) / ROWS, slice = groups > 1 ? SLICE_STEPS : depth;
+  const int64_t ahead = groups > 1 ? SLICE_STEPS : PREFETCH_STEPS;
+  const bool widen_once = groups > WIDEN_GROUPS;
+  std::vector<float> sums(M * PANEL), wide(widen_once ? SLICE_STEPS * DEPTH * PANEL : 0);
   for (int64_t p = first; p < last; ++p) {
     const uint16_t* w = packed + p * depth * 2 * TILE;
     for (int64_t k0 = 0; k0 < depth; k0 += slice) {
       const int64_t k1 = std::min(depth, k0 + slice);
+      if (widen_once) widen_slice(w, k0, k1, wide.data());
       for (int64_t g = 0, m0 = 0; g < groups; ++g) {
         const int64_t rows = (M - m0) / (groups - g);
         attention_tiles::with_rows<ROWS>(static_cast<int>(rows), [&](auto r) {
-          row_group<decltype(r)::value>(x + m0 * K, K, w, k0, k1, ahead, g, groups, k0 > 0, sums.data() + m0 * PANEL);
+          if (widen_once)
+            widened_group<decltype(r)::value>(x + m0 * K + k0 * DEPTH, K, wide.data(), (k1 - k0) * DEPTH, k0 > 0,
+                                              sums.data() + m0 * PANEL);
+          else
+            row_group<decltype(r)::value>(x + m0 * K, K, w, k0, k1, ahead, g, groups, k0 > 0, sums.data() + m0 * PANEL);
         });
         if (k1 == depth)
           for (int64_t r = 0; r < rows; ++r)
