@@ -39,7 +39,7 @@ ARGTYPES = {  # keep in sync with DEFINE_KERNELS in csrc/paged_attention.cpp
     "rotary": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, ctypes.c_int],
     "silu_and_mul": [_P, _P, _I, _I, ctypes.c_int],
 }
-ONE_DTYPE_ARGTYPES = {  # kernels of one dtype (no _bf16 / _f32 pair): bf16 linear_tiled and decoder_layer*, fp32 linear_widened and sampling
+ONE_DTYPE_ARGTYPES = {  # kernels of one dtype (no _bf16 / _f32 pair): bf16 linear_tiled and decoder_layer*_bf16, fp32 linear_widened, decoder_layer*_widened_f32 and sampling
     "linear_tiled_path": [],
     "linear_tiled_select": [ctypes.c_int],
     "linear_tiled_pack": [_P, _I, _I, _P],
@@ -49,6 +49,9 @@ ONE_DTYPE_ARGTYPES = {  # kernels of one dtype (no _bf16 / _f32 pair): bf16 line
     "decoder_layer_bf16": [_P, _P, _P, _P, _P, _P, ctypes.c_int],
     "decoder_layer_attention_bf16": [_P, _P, _P, _P, _P, _P, ctypes.c_int],
     "decoder_layer_mlp_bf16": [_P, _P, _P, _P],
+    "decoder_layer_widened_f32": [_P, _P, _P, _P, _P, _P, ctypes.c_int],
+    "decoder_layer_attention_widened_f32": [_P, _P, _P, _P, _P, _P, ctypes.c_int],
+    "decoder_layer_mlp_widened_f32": [_P, _P, _P, _P],
 }
 
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "layer_kernels.h"
 #include "linear_tiled.h"
 
 namespace {

@@ -1,15 +1,16 @@
-"""The native decoder layer (one call per layer) gives the layers' modules' logits bit for bit, and runs only
-where every part of the layer is native."""
+"""The native decoder layer (one call per layer) gives the layers' modules' logits bit for bit, in bf16 on the
+tiled linears and in fp32 on the widened ones (bf16 weights on a CPU without native bf16), and runs only where
+every part of the layer is native."""
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams, device
 from stallfree.engine.attention import make_attention_backend
 from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.model.fused_layers import FusedLlamaForCausalLM, can_fuse
+from stallfree.engine.model.fused_layers import FusedLlamaForCausalLM, fused_kind
 from stallfree.engine.model.llama import DecoderLayer, LlamaForCausalLM
 from stallfree.engine.model.loader import load_model
 from stallfree.engine.model.tensor_parallel import TensorParallel
@@ -43,11 +44,14 @@ def count_layer_calls(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("kind", ["bf16", "widened_f32"])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])  # qwen2: a qkv bias; mistral, qwen2: GQA
-def test_fused_layers_give_the_modules_logits_bit_for_bit(arch, arch_paths, monkeypatch, tiled_linears):
+def test_fused_layers_give_the_modules_logits_bit_for_bit(kind, arch, arch_paths, monkeypatch, tiled_linears):
+    if kind == "widened_f32":  # bf16 as a CPU without native bf16 runs it
+        monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)
     engine = LLMEngine.from_kwargs(model=str(arch_paths[arch]), scheduler="sarathi", chunk_size=16, dtype="bfloat16",
                                    max_num_seqs=4)
-    assert type(engine.runner.model) is FusedLlamaForCausalLM
+    assert type(engine.runner.model) is FusedLlamaForCausalLM and engine.runner.model.fused_kind == kind
     layer_calls = count_layer_calls(monkeypatch)
     fused_outputs, fused_logits = logits_of_a_staggered_run(engine, fused=True)
     assert layer_calls[0] == 0  # the native layer ran, not the modules
@@ -67,13 +71,13 @@ def test_another_attention_backend_runs_the_modules(tiny_path, monkeypatch, tile
 
 
 def test_only_all_native_layers_fuse(tiny_path, tiled_linears):
-    fp32 = LLMEngine.from_kwargs(model=str(tiny_path), dtype="float32").runner.model
-    assert type(fp32) is LlamaForCausalLM and not can_fuse(fp32.layers[0])
+    fp32 = LLMEngine.from_kwargs(model=str(tiny_path), dtype="float32").runner.model  # oneDNN's linears
+    assert type(fp32) is LlamaForCausalLM and fused_kind(fp32.layers[0]) is None
     layer = LLMEngine.from_kwargs(model=str(tiny_path), dtype="bfloat16").runner.model.layers[0]
-    assert can_fuse(layer)
+    assert fused_kind(layer) == "bf16"
     layer.self_attn.o_proj = nn.Linear(layer.self_attn.q_size, layer.self_attn.o_proj.out_features, bias=False,
                                        dtype=torch.bfloat16)
-    assert not can_fuse(layer)
+    assert fused_kind(layer) is None
 
 
 def run_fused_tp_rank(rank: int, path: str, rendezvous: str) -> None:

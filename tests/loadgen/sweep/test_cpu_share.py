@@ -160,14 +160,15 @@ def test_a_virtual_clock_run_is_never_disturbed():
 
 def test_a_runs_summary_says_how_the_cpu_was_shared(tmp_path):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = load_bench(compose("bench", ["model=tiny", "workload=fixed", "arrival=burst", "num_requests=3",
+        # 48 requests: 3 ran in 10 ms on the tiled linears, under one tick of the process's CPU clock (0.0 s)
+        cfg = load_bench(compose("bench", ["model=tiny", "workload=fixed", "arrival=burst", "num_requests=48",
                                            "slo.tbt_ms=1000", "min_engine_cpu_share=0", f"results_dir={tmp_path}"]))
     targets = LiveTarget()
     try:
         summary = run_point(cfg, targets)
     finally:
         targets.close()
-    assert summary["completed"] == 3 and summary["cpu_placement"] == "inprocess"
+    assert summary["completed"] == 48 and summary["cpu_placement"] == "inprocess"
     assert summary["loadgen_cpus"] == summary["engine_cpus"] == sorted(os.sched_getaffinity(0))
     assert summary["loadgen_nice"] == summary["engine_nice"] == os.getpriority(os.PRIO_PROCESS, 0)
     assert summary["loadgen_cpu_s"] is None and summary["loadgen_cpu_ms_per_request"] is None
