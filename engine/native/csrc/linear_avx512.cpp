@@ -36,8 +36,7 @@ __attribute__((always_inline)) inline void row_group(const uint16_t* x, int64_t 
       acc[r][0][0] = _mm512_loadu_ps(sums + r * PANEL), acc[r][1][0] = _mm512_loadu_ps(sums + r * PANEL + 16);
   for (int64_t k = k0; k < k1; ++k) {
     const uint16_t* b = w + k * 2 * TILE;
-    const char* later = reinterpret_cast<const char*>(b + ahead * 2 * TILE);
-    for (int64_t line = part * 64; line < 2 * TILE * 2; line += parts * 64) __builtin_prefetch(later + line);
+    prefetch_share(b, ahead, part, parts);
 #pragma GCC unroll 16
     for (int pair = 0; pair < 16; ++pair) {
       const __m512bh lo = load_pairs(b + pair * 32), hi = load_pairs(b + TILE + pair * 32);

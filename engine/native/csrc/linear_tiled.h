@@ -27,10 +27,14 @@ enum Epilogue : int { BF16 = 0, SILU_AND_MUL = 1, FLOAT = 2 };
 // The paths by ISA, in the order of preference (linear_tiled_path() in linear_tiled.cpp).
 enum Path : int { REFERENCE = 0, AVX512_BF16 = 1, AMX = 2 };
 
-inline void prefetch_ahead(const uint16_t* step) {
-  const char* ahead = reinterpret_cast<const char*>(step + PREFETCH_STEPS * 2 * TILE);
-  for (int64_t line = 0; line < 2 * TILE * 2; line += 64) __builtin_prefetch(ahead + line);
+// Share `part` of `parts` of the lines of the depth step `ahead` steps after `step`: row groups that read a slice
+// from cache fetch the next one between them.
+inline void prefetch_share(const uint16_t* step, int64_t ahead, int64_t part, int64_t parts) {
+  const char* later = reinterpret_cast<const char*>(step + ahead * 2 * TILE);
+  for (int64_t line = part * 64; line < 2 * TILE * 2; line += parts * 64) __builtin_prefetch(later + line);
 }
+
+inline void prefetch_ahead(const uint16_t* step) { prefetch_share(step, PREFETCH_STEPS, 0, 1); }
 
 #if defined(__AVX512F__)
 // Rows [m0, m0 + rows) of panel p, whose sums (bias not yet added) are done[r * PANEL .. + 32], through the

@@ -42,8 +42,7 @@ __attribute__((always_inline)) inline void row_group(const float* x, int64_t K, 
       for (int v = 0; v < COLV; ++v) std::memcpy(&acc[r][v][0], sums + r * PANEL + v * attention_tiles::W, sizeof(vf));
   for (int64_t k = k0; k < k1; ++k) {
     const uint16_t* b = w + k * 2 * TILE;
-    const char* later = reinterpret_cast<const char*>(b + ahead * 2 * TILE);
-    for (int64_t line = part * 64; line < 2 * TILE * 2; line += parts * 64) __builtin_prefetch(later + line);
+    prefetch_share(b, ahead, part, parts);
 #pragma GCC unroll 4
     for (int pair = 0; pair < 16; ++pair) {
       float a[R][2];
