@@ -17,10 +17,9 @@ from pathlib import Path
 from benchmarks.engine_throughput import make_prompts, run_engine, workload_parser, write_result
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.targets.server_process import ServerProcess
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
 def start_server(model: str, port: int, chunk_size: int, *overrides: str) -> ServerProcess:

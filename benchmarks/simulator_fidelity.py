@@ -21,7 +21,6 @@ import statistics
 from pathlib import Path
 
 from stallfree.engine import (
-    BatchRecord,
     CostModel,
     EngineConfig,
     LLMEngine,
@@ -63,7 +62,7 @@ def run(engine_kwargs: dict, arrival: dict, lengths: dict, num_requests: int, ma
         return metrics
     after = check_speed(engine, cost_model)
     factors = {kind: round(math.sqrt(before.factors[kind] * after.factors[kind]), 4) for kind in before.factors}
-    replayed = measure_speed([BatchRecord(**row) for row in result.batches], cost_model)
+    replayed = measure_speed(result.batches, cost_model)
     return {**metrics, "speed_factors": factors, "replay_actual_over_predicted": replayed.factors}
 
 

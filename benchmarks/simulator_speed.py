@@ -53,7 +53,7 @@ def probe(args: argparse.Namespace) -> dict:
     done = time.perf_counter()
     replay_s = replayed - built
     return {"iterations": len(result.batches), "requests": len(specs), "completed": summary["completed"],
-            "simulated_s": result.batches[-1]["end_time"] - result.batches[0]["start_time"],
+            "simulated_s": result.batches[-1].end_time - result.batches[0].start_time,
             "startup_s": round(built - started, 3), "replay_s": round(replay_s, 3),
             "replay_cpu_s": round(replay_cpu_s, 3),
             "summary_and_files_s": round(done - replayed, 3), "probe_s": round(done - started, 3),

@@ -50,13 +50,12 @@ from benchmarks.lib.vllm_client import (
     write_trace,
 )
 from stallfree.engine.model.presets import resolve_model_path
+from stallfree.engine.records import RequestRecord, RequestSpec, as_row
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.targets.server_process import ServerProcess
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 TOLERANCE = 0.05
 SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together

@@ -27,7 +27,7 @@ from benchmarks.server_overhead import measure_burst, start_server
 from stallfree.engine.device import choose_dtype
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.loadgen.results.records import RequestRecord
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.targets.server_process import ServerProcess
 
 

@@ -13,7 +13,7 @@ _EXPORTS = {
     "EngineConfig": "stallfree.engine.config", "ModelConfig": "stallfree.engine.config", "CacheConfig": "stallfree.engine.config",
     "SchedulerConfig": "stallfree.engine.config", "ParallelConfig": "stallfree.engine.config",
     "SamplingParams": "stallfree.engine.request", "RequestMetrics": "stallfree.engine.request", "RequestStatus": "stallfree.engine.request",
-    "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.outputs",
+    "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.records",
     "TokenLogprob": "stallfree.engine.request",
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
     "CostModel": "stallfree.engine.fitting.cost_model", "IterationFeatures": "stallfree.engine.fitting.cost_model",
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from stallfree.engine.fitting.speed_check import check_speed
     from stallfree.engine.llm import LLM
     from stallfree.engine.model.presets import resolve_model_path
-    from stallfree.engine.outputs import BatchRecord, RequestOutput
+    from stallfree.engine.outputs import RequestOutput
+    from stallfree.engine.records import BatchRecord
     from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams, TokenLogprob
     from stallfree.engine.scheduler import SCHEDULERS
     from stallfree.engine.simulator.deployment import Deployment

@@ -13,8 +13,9 @@ from stallfree.engine.fitting.profile import resolve_cost_model
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.engine.outputs import BatchRecord, RequestOutput
+from stallfree.engine.outputs import RequestOutput
 from stallfree.engine.prefix_cache import PrefixCachingKVCacheManager
+from stallfree.engine.records import BatchRecord
 from stallfree.engine.request import Request, RequestStatus, SamplingParams
 from stallfree.engine.request_limits import check_context_length, check_prompt_ids
 from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.lib.vllm_client import ABORTED, wait_for_start, write_subset, write_trace
 from benchmarks.vs_vllm_client import pair_figures
-from stallfree.loadgen.results.records import RequestRecord
+from stallfree.engine.records import RequestRecord
 
 
 def record(send: float, ttft_ms: float, status: str = "ok") -> RequestRecord:

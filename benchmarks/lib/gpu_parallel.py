@@ -3,14 +3,13 @@ PP2 greedy tokens equal to PP1 with the pipeline's bubble fraction under sarathi
 machine with fewer than 2 GPUs they are skipped, and the result says so and why."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import torch
 
 from benchmarks.lib.gpu_checks import CHECK_MAX_TOKENS, check_prompts
-from stallfree.engine import LLM, SamplingParams
+from stallfree.engine import LLM, BatchRecord, SamplingParams
 from stallfree.loadgen.results.request_metrics import pipeline_summary
 
 PP_PROMPTS = 32  # the PP2 bubble run: enough requests to keep two micro-batches in flight
@@ -27,13 +26,13 @@ def skipped(device: torch.device) -> dict | None:
 
 
 def greedy_tokens(path: Path, prompts: list[list[int]], max_tokens: int, engine_kwargs: dict,
-                  scheduler: str = "sarathi", **parallel: int) -> tuple[list[list[int]], list[dict]]:
+                  scheduler: str = "sarathi", **parallel: int) -> tuple[list[list[int]], list[BatchRecord]]:
     """Greedy tokens of ``prompts`` on an engine of the given parallel sizes, and its BatchRecords."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     llm = LLM(str(path), scheduler=scheduler, chunk_size=64, max_num_seqs=32, max_model_len=512,
               **parallel, **engine_kwargs)
     tokens = [o.token_ids for o in llm.generate(prompts, params)]
-    records = [dataclasses.asdict(r) for r in llm.engine.batch_records]
+    records = list(llm.engine.batch_records)
     llm.engine.shutdown()
     return tokens, records
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stallfree.loadgen.results.records import RequestRecord
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.workload.request_specs import poisson
 
 ABORTED = "aborted"  # the start file when vLLM's client failed before writing its start

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.records import BatchRecord
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from stallfree.engine.fitting.profile import (
     feed_requests,
     random_requests,
 )
-from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.records import BatchRecord
 
 CHECK_REQUESTS = 12  # about 60 decode and 12 prefill iterations: ~2-4 s of `small` on a 2-core CPU
 MIN_KIND_ITERATIONS = 5  # fewer iterations of a kind leave its factor at 1

@@ -9,9 +9,8 @@ import json
 import threading
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict
 
-from stallfree.engine import BatchRecord
+from stallfree.engine.records import BatchRecord, encode_batch
 
 # Records per piece of a fetch's response (about 0.6 MB).
 JOIN_SLICE = 2000
@@ -32,7 +31,7 @@ class BatchHistory:
     def extend(self, records: list[BatchRecord]) -> None:
         if not records:
             return
-        encoded = [(r.start_time, json.dumps(asdict(r), separators=(",", ":")).encode()) for r in records]
+        encoded = [(r.start_time, encode_batch(r)) for r in records]
         horizon = records[-1].end_time - self.max_age_s
         with self._lock:
             self._records.extend(encoded)

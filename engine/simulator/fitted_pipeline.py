@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures, evenly_spaced_quantiles
-from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.records import BatchRecord
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.simulator.simulated_pipeline import SimulatedPipeline

@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 import math
 
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.openai_client.completions import CANCELLED_AT_STOP
-from stallfree.loadgen.results.records import RequestRecord
 
 
 class LiveEvents:

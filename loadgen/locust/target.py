@@ -23,9 +23,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import model_vocab_size
-from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay
 from stallfree.loadgen.targets.openai_server import settled_shape
 from stallfree.loadgen.targets.serve_process import ServeProcess

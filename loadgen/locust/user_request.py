@@ -12,6 +12,7 @@ from gevent import GreenletExit
 from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.loadgen.locust.llm_events import LiveEvents
 from stallfree.loadgen.openai_client.completions import (
     CANCELLED_AT_STOP,
@@ -22,8 +23,6 @@ from stallfree.loadgen.openai_client.completions import (
     request,
     timeout_error,
 )
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 REQUEST_TYPE = "LLM"
 HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.loadgen.openai_client.completions import (
     CANCELLED,
     NO_DONE,
@@ -28,8 +29,6 @@ from stallfree.loadgen.openai_client.completions import (
     request,
     timeout_error,
 )
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

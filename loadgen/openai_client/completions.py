@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.engine.records import RequestRecord, RequestSpec
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # server-side timing extension of the final chunk ("stallfree": {...}) -> record fields

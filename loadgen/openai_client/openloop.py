@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from stallfree.engine.records import RequestRecord, session_ended
+from stallfree.engine.records.request_spec import RequestSpec, session_groups
 from stallfree.loadgen.openai_client.client import HttpClient, send_request
-from stallfree.loadgen.results.records import RequestRecord, session_ended
-from stallfree.loadgen.workload.spec import RequestSpec, session_groups
 
 
 async def run_open_loop(base_url: str, specs: Sequence[RequestSpec], *, model: str,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stallfree.loadgen.results.records import RequestRecord
+from stallfree.engine.records import RequestRecord
 
 # upper bounds of the got / asked ratio of a request that ended early; a complete one is "100%"
 RATIO_BINS = ((0.25, "<25%"), (0.5, "25-50%"), (0.75, "50-75%"), (1.0, "75-<100%"))

@@ -5,7 +5,7 @@ The one definition of every latency, used by the run summary here and by analysi
 ``e2el_from_send`` from the actual send (vLLM's definitions); a request's end-to-end latency runs to
 its ``finish_time``, when its response ended (as vLLM's e2el does), not to its last token.
 
-Input is a DataFrame with the requests.parquet columns (loadgen.results.records.RequestRecord). Warm-up rows
+Input is a DataFrame with the requests.parquet columns (stallfree.engine.records.RequestRecord). Warm-up rows
 are left out of the summary; failed rows (status != ok) are left out of latency statistics but counted
 in ``failed``. Times in the input are epoch seconds; every ``*_ms`` output is milliseconds.
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stallfree.engine.records import BatchRecord
 from stallfree.loadgen.results.client_pace import client_pace
 from stallfree.loadgen.results.session_metrics import session_summary
 
@@ -267,14 +268,14 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
     return summary
 
 
-def pipeline_summary(batches: list[dict] | None) -> dict:
+def pipeline_summary(batches: list[BatchRecord] | None) -> dict:
     """A simulated deployment's pipeline stages over a run (BatchRecord ``stage_busy_s`` / ``stage_idle_s``):
     ``pipeline_bubble_fraction``, the share of the stages' time spent idle while the engine had work (None for
     runs without stage records), and ``pipeline_stages``."""
-    staged_batches = [batch for batch in batches or () if batch["stage_busy_s"]]
+    staged_batches = [batch for batch in batches or () if batch.stage_busy_s]
     if not staged_batches:
         return {"pipeline_bubble_fraction": None, "pipeline_stages": None}
-    busy = sum(sum(batch["stage_busy_s"]) for batch in staged_batches)
-    idle = sum(sum(batch["stage_idle_s"]) for batch in staged_batches)
+    busy = sum(sum(batch.stage_busy_s) for batch in staged_batches)
+    idle = sum(sum(batch.stage_idle_s) for batch in staged_batches)
     return {"pipeline_bubble_fraction": idle / (busy + idle) if busy + idle > 0 else 0.0,
-            "pipeline_stages": len(staged_batches[0]["stage_busy_s"])}
+            "pipeline_stages": len(staged_batches[0].stage_busy_s)}

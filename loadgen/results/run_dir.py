@@ -12,15 +12,12 @@ raises ResultsDirError, and nothing half-written is left to count as a complete 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
-import types
-import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -29,28 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from stallfree.engine.records import BatchRecord, RequestRecord, arrow_schema, as_row
 from stallfree.loadgen.results.batch_rows import write_batches
-from stallfree.loadgen.results.records import RequestRecord, as_row
 from stallfree.loadgen.results.writable import ResultsDirError
 
-ARROW_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
-               list[float]: pa.list_(pa.float64())}
 MAX_RUN_ID_LEN = 180
-
-
-def arrow_type(annotation) -> pa.DataType:
-    """The Arrow type of a field annotation; ``X | None`` is X (every column is nullable)."""
-    if isinstance(annotation, types.UnionType):
-        [annotation] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-    return ARROW_TYPES[annotation]
-
-
-def arrow_schema(record_type: type) -> pa.Schema:
-    """One nullable column per dataclass field, in field order."""
-    hints = typing.get_type_hints(record_type)
-    return pa.schema([(f.name, arrow_type(hints[f.name])) for f in dataclasses.fields(record_type)])
-
-
 REQUESTS_SCHEMA = arrow_schema(RequestRecord)
 SERVER_METRICS_SCHEMA = pa.schema([("time", pa.float64()), ("metric", pa.string()), ("value", pa.float64()),
                                    ("series", pa.string())])
@@ -102,12 +82,12 @@ def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
 
 
 def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: Sequence[RequestRecord],
-              summary: dict, batches: list[dict] | None = None,
+              summary: dict, batches: list[BatchRecord] | None = None,
               server_metrics: list[dict] | None = None) -> Path:
     """Write one run into ``exp_dir/.<run_id>.tmp-<pid>`` and rename it to ``exp_dir/<run_id>``.
 
     ``config`` is a dict or already-rendered YAML; ``requests`` become requests.parquet, ``batches``
-    (BatchRecord rows: loadgen.results.batch_rows) batches.parquet and ``server_metrics`` (rows of SERVER_METRICS_SCHEMA, possibly none)
+    (BatchRecords) batches.parquet and ``server_metrics`` (rows of SERVER_METRICS_SCHEMA, possibly none)
     server_metrics.parquet, each when given. An existing run directory of the same id is replaced.
     Returns the run directory.
     """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallfree.loadgen.workload.spec import CONTEXT_LIMIT
+from stallfree.engine.records.request_spec import CONTEXT_LIMIT
 
 SESSION_FIELDS = ("num_sessions", "sessions_completed", "sessions_failed", "sessions_context_limit",
                   "mean_turns_per_session", "median_session_duration_s", "p90_session_duration_s",

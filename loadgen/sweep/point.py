@@ -17,12 +17,12 @@ import time
 
 from tqdm import tqdm
 
+from stallfree.engine.records import BatchRecord, RequestRecord
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import workload_tokenizer
 from stallfree.loadgen.openai_client.completions import lost_connection
 from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
-from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import (
     COMPLETION_METHOD,
     UnloadedTtft,
@@ -114,7 +114,7 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0)
 
 
 def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestRecord],
-                           batches: list[dict] | None = None) -> dict:
+                           batches: list[BatchRecord] | None = None) -> dict:
     """The run's server metrics for its summary, over the arrival window of its measured requests (first
     to last intended send); ``metrics`` None: a target without a server (inprocess), whose prefix-cache hit
     rate its engine's iterations count (``batches``: the tokens each admitted and took from its cache)."""
@@ -122,8 +122,8 @@ def server_metrics_summary(metrics: ServerMetrics | None, records: list[RequestR
     summary = (metrics or not_scraped("no server to scrape (target=inprocess)")).summary(
         (min(sends), max(sends)) if sends else None)
     if metrics is None and batches:
-        queried = sum(batch["prefix_cache_queried_tokens"] for batch in batches)
-        cached = sum(batch["num_cached_tokens"] for batch in batches)
+        queried = sum(batch.prefix_cache_queried_tokens for batch in batches)
+        cached = sum(batch.num_cached_tokens for batch in batches)
         summary["server_prefix_cache_hit_rate"] = cached / queried if queried else None
     return summary
 

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.engine.hydra_groups import cost_model_file
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import digest
-from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.targets.base import Target

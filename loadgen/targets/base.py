@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from stallfree.engine.records import BatchRecord, RequestRecord, RequestSpec
 from stallfree.engine.registry import Registry
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 if TYPE_CHECKING:
     from stallfree.loadgen.config.schema import BenchConfig
@@ -36,7 +35,7 @@ ENGINE_SHAPE = RequestShape(token_ids=True, ignore_eos=True)  # an engine in thi
 @dataclass
 class Replay:
     records: list[RequestRecord]  # one per spec, in spec order
-    batches: list[dict] | None  # the engine's iterations during the replay, when the target can see them
+    batches: list[BatchRecord] | None  # the engine's iterations during the replay, when the target can see them
     server_metrics: ServerMetrics | None = None  # the server's /metrics during the replay; None: no server
     # whether the target's prefix cache was emptied before the replay: reset, or not reset: why
     prefix_cache_reset: str | None = None

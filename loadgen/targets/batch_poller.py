@@ -7,18 +7,18 @@ import threading
 
 import httpx
 
-from stallfree.loadgen.results.batch_rows import BatchSchemaError, check_rows
+from stallfree.engine.records import BatchRecord, BatchSchemaError, decode_batch
 
 PAGE_LIMIT = 2000  # records per request
 POLL_INTERVAL_S = 2.0
 
 
 class BatchPoller:
-    """Collects the BatchRecords (as dicts) that started at or after ``since``, until ``stop()``."""
+    """Collects the BatchRecords that started at or after ``since``, until ``stop()``."""
 
     def __init__(self, url: str, since: float, interval_s: float = POLL_INTERVAL_S, page_limit: int = PAGE_LIMIT):
         self.url, self.since, self.interval_s, self.page_limit = url, since, interval_s, page_limit
-        self.batches: list[dict] = []
+        self.batches: list[BatchRecord] = []
         self._last_iteration = -1
         self._stopping = threading.Event()
         self._client = httpx.Client(timeout=60, trust_env=False)
@@ -42,16 +42,17 @@ class BatchPoller:
                                         params={"since": since, "limit": self.page_limit})
             response.raise_for_status()
             page = response.json()
-            rows = check_rows(page["batches"], f"{self.url}/stallfree/batches")
+            source = f"{self.url}/stallfree/batches"
+            rows = [decode_batch(row, source) for row in page["batches"]]
             # A page starts at a start time, which the last page's final record may share: skip those.
-            new_batches = [batch for batch in rows if batch["iteration"] > self._last_iteration]
+            new_batches = [batch for batch in rows if batch.iteration > self._last_iteration]
             if new_batches:
                 self.batches.extend(new_batches)
                 last = new_batches[-1]
-                self._last_iteration, self.since = last["iteration"], last["start_time"]
+                self._last_iteration, self.since = last.iteration, last.start_time
             since = page["next_since"]
 
-    def stop(self) -> list[dict]:
+    def stop(self) -> list[BatchRecord]:
         """Stop polling, fetch what is left and return every record collected."""
         self._stopping.set()
         self._thread.join()

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.records import RequestRecord, session_ended
+from stallfree.engine.records.request_spec import RequestSpec, session_groups
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import model_vocab_size
-from stallfree.loadgen.results.records import RequestRecord, as_row, session_ended
 from stallfree.loadgen.targets.base import ENGINE_SHAPE, TARGETS, Progress, Replay
-from stallfree.loadgen.workload.spec import RequestSpec, session_groups
 
 if TYPE_CHECKING:
     from stallfree.engine import RequestMetrics
@@ -63,7 +63,7 @@ def cyclic_gc_paused() -> Iterator[None]:
 def replay(engine, specs: Sequence[RequestSpec], *, warmup: int = 0, timeout_s: float | None = None,
            max_concurrency: int | None = None, progress: Progress | None = None, pause_gc: bool = False) -> Replay:
     """Run ``specs`` through ``engine`` (greedy, ``ignore_eos``): records in spec order, and the
-    engine's iterations of this replay (``LLMEngine.batch_records``, as dicts).
+    engine's iterations of this replay (``LLMEngine.batch_records``).
 
     * ``warmup``: the first ``warmup`` requests are marked ``is_warmup``.
     * ``timeout_s``: a request still unfinished this long after its arrival is aborted with status
@@ -90,7 +90,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
     in_flight: dict[str, RequestRecord] = {}
     index = {spec.request_id: i for i, spec in enumerate(specs)}
     # (intended send, index) of the requests due to be added: each first turn now, a follow-up as the turn
-    # before it ends (loadgen.workload.spec.session_groups)
+    # before it ends (stallfree.engine.records.request_spec.session_groups)
     groups = session_groups(specs)
     unsent = [(records[turns[0]].intended_send_time, turns[0]) for turns in groups]
     heapq.heapify(unsent)
@@ -165,7 +165,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
             if upcoming == len(arrivals):
                 raise RuntimeError(f"engine stalled: {len(in_flight)} arrived requests, none runnable")
             time.sleep(max(0.0, arrivals[upcoming] - engine.clock()))
-    return Replay(records, [as_row(b) for b in engine.batch_records[first_batch:]])
+    return Replay(records, engine.batch_records[first_batch:])
 
 
 @TARGETS.register("inprocess")

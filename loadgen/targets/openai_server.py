@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import model_vocab_size, prompt_tokenizer_dir
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.targets.base import TARGETS, Progress, Replay, RequestShape
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from stallfree.loadgen.targets.serve_process import ServeProcess

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.engine.records.request_spec import RequestSpec
 from stallfree.loadgen.workload.conversations import sharegpt_sessions
 from stallfree.loadgen.workload.hash_trace import TRACES_DIR, hash_trace, hash_trace_columns, is_hash_trace
 from stallfree.loadgen.workload.prefix_reuse import TokenIds, shared_prefix
 from stallfree.loadgen.workload.ramp import RampUp
 from stallfree.loadgen.workload.sessions import SESSION_WORKLOADS, session_specs
-from stallfree.loadgen.workload.spec import RequestSpec
 from stallfree.loadgen.workload.text_prompts import TEXT_WORKLOADS, LengthTexts, Tokenizer, take
 
 

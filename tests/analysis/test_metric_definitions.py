@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from stallfree.analysis import load
-from stallfree.loadgen.results.records import RequestRecord
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 

@@ -38,12 +38,12 @@ def test_the_checks_catch_drift(tmp_path):
     assert broken_references(doc, "`engine.server.start_server`") == ["docs/architecture.md: engine.server.start_server"]
     assert broken_references(doc, "engine/scheduler/{vllm,nope}.py and loadgen/sweep/capacity_search.py:search") == [
         "docs/architecture.md: engine/scheduler/nope.py"]
-    assert symbol_exists("stallfree.engine.server.start_server") and symbol_exists("stallfree.engine.outputs.BatchRecord.iteration")
-    names = [name for name, _, _ in field_rows("stallfree.engine.outputs.BatchRecord")]
+    assert symbol_exists("stallfree.engine.server.start_server") and symbol_exists("stallfree.engine.records.batch_record.BatchRecord.iteration")
+    names = [name for name, _, _ in field_rows("stallfree.engine.records.batch_record.BatchRecord")]
     assert names[:3] == ["iteration", "start_time", "end_time"]
     stale_doc = tmp_path / "x.md"
-    stale_doc.write_text("<!-- fields: engine.outputs.BatchRecord -->\n| old |\n<!-- /fields -->\n")
-    assert stale_tables([stale_doc]) == [f"{stale_doc}: engine.outputs.BatchRecord"]
+    stale_doc.write_text("<!-- fields: engine.records.batch_record.BatchRecord -->\n| old |\n<!-- /fields -->\n")
+    assert stale_tables([stale_doc]) == [f"{stale_doc}: engine.records.batch_record.BatchRecord"]
 
 
 def test_the_attention_backend_field_lists_every_backend():

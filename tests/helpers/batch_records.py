@@ -1,7 +1,7 @@
 """A BatchRecord with every field set, for tests of what carries batch rows."""
 import dataclasses
 
-from stallfree.engine import BatchRecord
+from stallfree.engine.records import BatchRecord
 
 
 def example_batch_record(**changes) -> BatchRecord:

@@ -7,7 +7,7 @@ import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.fitting.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
-from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.records import BatchRecord
 from tests.helpers.engine import FIXED
 
 

@@ -8,7 +8,7 @@ import pytest
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
 from stallfree.engine.hydra_groups import ConfigError
-from stallfree.engine.outputs import BatchRecord
+from stallfree.engine.records import BatchRecord
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.simulator.fitted_pipeline import FittedPipelineRunner, StageCostModels

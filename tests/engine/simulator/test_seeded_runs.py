@@ -18,7 +18,7 @@ import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.hydra_groups import compose, engine_of, override
-from stallfree.loadgen.results.records import as_row
+from stallfree.engine.records import as_row
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload
 
@@ -106,7 +106,7 @@ def run_replay(case: str) -> dict:
     engine, specs = setup(case)
     result = replay(engine, specs)
     records = [{k: v for k, v in as_row(r).items() if k not in RECORD_FIELDS_SINCE} for r in result.records]
-    return {"records": records, "batches": [pick(b, BATCH_FIELDS) for b in result.batches]}
+    return {"records": records, "batches": [pick(as_row(b), BATCH_FIELDS) for b in result.batches]}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

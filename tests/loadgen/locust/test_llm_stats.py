@@ -7,6 +7,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.loadgen.locust.llm_events import LiveEvents
 from stallfree.loadgen.locust.llm_stats import (
     WHOLE_RUN,
@@ -16,8 +17,6 @@ from stallfree.loadgen.locust.llm_stats import (
     SLOBounds,
     slo_bounds,
 )
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 T0 = 1_700_000_000.0
 

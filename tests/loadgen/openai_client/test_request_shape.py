@@ -2,9 +2,8 @@
 server's own prompt token count, and which failures mean the server went away."""
 import json
 
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.loadgen.openai_client.completions import NO_DONE, apply_sse_event, lost_connection, request
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 SPEC = RequestSpec("r", 0.0, [11, 12, 13], 4)
 

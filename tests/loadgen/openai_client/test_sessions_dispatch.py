@@ -2,9 +2,9 @@
 failed turn ends its session with rows saying why, and the other sessions go on."""
 import pytest
 
+from stallfree.engine.records import NOT_SENT
+from stallfree.engine.records.request_spec import RequestSpec
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.records import NOT_SENT
-from stallfree.loadgen.workload.spec import RequestSpec
 from tests.helpers.fakes.fake_sse_server import running_fake_server
 
 TTFT_MS, TBT_MS = 30.0, 2.0

@@ -1,9 +1,8 @@
 """Output lengths asked for vs served: early stops are counted, binned and warned about, not averaged in."""
 import dataclasses
 
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.workload.request_specs import RequestSpec
 
 
 def record(got: int, asked: int = 8, status: str = "ok", is_warmup: bool = False) -> RequestRecord:

@@ -5,9 +5,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stallfree.loadgen.results.records import RequestRecord
-from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA, arrow_type, write_run
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.engine.records import RequestRecord, RequestSpec
+from stallfree.engine.records.arrow_schema import arrow_type
+from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA, write_run
 
 EXPECTED_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
                   list[float]: pa.list_(pa.float64())}

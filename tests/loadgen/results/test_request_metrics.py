@@ -6,7 +6,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from stallfree.loadgen.results.records import RequestRecord
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.results.request_metrics import LATENCY_METRICS, summarize
 from stallfree.loadgen.results.run_dir import (
     REQUESTS_SCHEMA,
@@ -137,7 +137,7 @@ def test_write_run_round_trip_and_experiment_summary(tmp_path):
     summary = {"experiment": "exp", "run_id": "qps=1", "workload": {"kind": "fixed"},
                **summarize(requests_frame(rows))}
     run_dir = write_run(tmp_path / "exp", "qps=1", config={"qps": 1}, requests=rows, summary=summary,
-                        batches=[dataclasses.asdict(example_batch_record())])
+                        batches=[example_batch_record()])
     assert is_complete(run_dir) and sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["qps=1"]
     table = pq.read_table(run_dir / "requests.parquet")
     assert table.schema == REQUESTS_SCHEMA

@@ -3,9 +3,9 @@ measurements that must agree, a disturbed reference flagged), once per experimen
 
 from hydra import compose, initialize_config_dir
 
+from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.config.checks import CONF_DIR
 from stallfree.loadgen.config.schema import load_bench
-from stallfree.loadgen.results.records import RequestRecord
 from stallfree.loadgen.sweep.slo import decode_steps_ms, resolve_slo
 from stallfree.loadgen.targets.base import Replay
 from tests.helpers.paths import ROOT

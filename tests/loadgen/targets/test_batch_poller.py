@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
+from stallfree.engine.records import BatchSchemaError
 from stallfree.engine.server import ServerConfig, start_server
-from stallfree.loadgen.results.batch_rows import BatchSchemaError
 from stallfree.loadgen.targets.batch_poller import BatchPoller
 from tests.helpers.batch_records import example_batch_record
 
@@ -24,10 +24,10 @@ def test_polling_in_pages_keeps_every_iteration_of_a_short_lived_history():
                 body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": True}
                 assert client.post("/v1/completions", json=body).status_code == 200
         batches = poller.stop()
-    iterations = [b["iteration"] for b in batches]
+    iterations = [b.iteration for b in batches]
     assert iterations == list(range(iterations[0], iterations[0] + len(iterations)))
     assert len(iterations) >= 4 * 40 > cfg.batch_history_max_records
-    assert sum(b["num_decode_tokens"] for b in batches) >= 4 * 39
+    assert sum(b.num_decode_tokens for b in batches) >= 4 * 39
 
 
 class _FakeOldServer(http.server.BaseHTTPRequestHandler):

@@ -164,7 +164,7 @@ def test_inprocess_sessions_send_each_follow_up_after_the_turn_before():
 
 def test_an_inprocess_session_ends_at_a_rejected_turn():
     from stallfree.engine import LLMEngine
-    from stallfree.loadgen.results.records import NOT_SENT
+    from stallfree.engine.records import NOT_SENT
 
     engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
     specs = build_workload({"kind": "burst"}, {"kind": "chat_sessions", "turns": 3, "user_len": 50_000,

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.records.request_spec import CONTEXT_LIMIT, LAST_TURN, REQUEST_LIMIT, session_groups
 from stallfree.loadgen.workload.prefix_reuse import ideal_hit_rate
 from stallfree.loadgen.workload.request_specs import build_workload
-from stallfree.loadgen.workload.spec import CONTEXT_LIMIT, LAST_TURN, REQUEST_LIMIT, session_groups
 
 POISSON = {"kind": "poisson", "qps": 2.0}
 

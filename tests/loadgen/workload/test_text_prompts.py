@@ -96,7 +96,7 @@ def test_text_prompts_of_a_workload_of_lengths_count_exactly_and_are_stable(toke
 
 
 def test_sharegpt_sessions_replay_the_real_turns(tokenizer):
-    from stallfree.loadgen.workload.spec import LAST_TURN
+    from stallfree.engine.records.request_spec import LAST_TURN
 
     specs = _build({"kind": "sharegpt_sessions", "path": str(DATA / "sharegpt_sample.json"), "shuffle": False,
                     "think_time_s": 1.0}, 4, tokenizer)

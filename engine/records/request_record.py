@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stallfree.loadgen.workload.request_specs import RequestSpec
+from stallfree.engine.records.request_spec import RequestSpec
 
 NOT_SENT = "not sent"
 
@@ -18,11 +18,6 @@ def session_ended(failed: RequestRecord) -> str:
     """The error of a session's turn never sent because an earlier turn of it failed."""
     return f"{NOT_SENT}: turn {failed.turn} of its session ended {failed.status}"
 
-
-def as_row(record) -> dict:
-    """A (non-slots) dataclass instance as a dict that shares its lists: ``dataclasses.asdict`` deep-copies
-    every token-time list, which took longer than a simulated run's engine steps."""
-    return dict(vars(record))
 
 
 @dataclass
