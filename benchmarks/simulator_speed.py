@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from stallfree.engine import LLMEngine
-from stallfree.engine.hydra_groups import compose, engine_of
+from stallfree.engine.hydra_config import compose, engine_of
 from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 from stallfree.loadgen.targets.inprocess import replay

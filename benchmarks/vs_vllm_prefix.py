@@ -26,7 +26,7 @@ from benchmarks.engine_throughput import write_result
 from benchmarks.server_overhead import start_server
 from benchmarks.vs_vllm_cpu import cpu_seconds, start_vllm, wait_until_quiet
 from stallfree.engine.device import choose_dtype
-from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.engine.hydra_config import CONF_DIR
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync

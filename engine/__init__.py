@@ -1,6 +1,6 @@
 """stallfree inference engine: paged KV cache, Llama-family model, switchable scheduling policies.
 
-The public API. Names load on first use, so that ``stallfree.engine.hydra_groups`` (the Hydra config mapping the
+The public API. Names load on first use, so that ``stallfree.engine.hydra_config`` (the Hydra config mapping the
 load generator shares) imports without pulling in torch.
 """
 from __future__ import annotations

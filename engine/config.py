@@ -2,7 +2,7 @@
 
 They are also the schema of the Hydra configs under ``conf/``: ``stallfree-serve``, ``stallfree-bench``
 and ``stallfree-profile`` compose each field as the key ``<section>.<field>`` (``cache.block_size``;
-engine.hydra_groups.register_schema, which also checks the values: check_engine), so a field added here is
+engine.hydra_config.register_schema, which also checks the values: check_engine), so a field added here is
 a key of every command.
 """
 from __future__ import annotations

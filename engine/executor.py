@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.config_checks import require
 from stallfree.engine.fitting.cost_model import CostModel
-from stallfree.engine.hydra_groups import require
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.runner.base import BatchRunner
 from stallfree.engine.runner.clock import Clock, VirtualClock

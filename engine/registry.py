@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 
 T = TypeVar("T")
 

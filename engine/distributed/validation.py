@@ -7,7 +7,7 @@ import os
 import torch
 
 from stallfree.engine.config import ParallelConfig
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.model.arch import ArchConfig
 
 

@@ -20,7 +20,7 @@ from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import cpu_description
 from stallfree.engine.fitting.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
-from stallfree.engine.hydra_groups import cost_model_file
+from stallfree.engine.hydra_config import cost_model_file
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import CLOCKS

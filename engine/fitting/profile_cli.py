@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from stallfree.engine import EngineConfig
-from stallfree.engine.hydra_groups import check_engine, compose, one_line, require, typed
+from stallfree.engine.config_checks import require
+from stallfree.engine.hydra_config import check_engine, compose, one_line, typed
 
 PROG = "stallfree-profile"
 USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.model=DIR] [num_requests=N] [seed=N]

@@ -11,9 +11,9 @@ import torch
 
 from stallfree.engine.attention import make_attention_backend
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.config_checks import require
 from stallfree.engine.device import choose_dtype
 from stallfree.engine.fitting.cost_model import CostModel
-from stallfree.engine.hydra_groups import require
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.loader import load_model
 from stallfree.engine.model.stages import PipelineStage

@@ -14,7 +14,8 @@ import sys
 from dataclasses import fields
 
 from stallfree.engine import EngineConfig
-from stallfree.engine.hydra_groups import CONF_DIR, compose, engine_of, one_line, override, require, typed
+from stallfree.engine.config_checks import require
+from stallfree.engine.hydra_config import CONF_DIR, compose, engine_of, one_line, override, typed
 from stallfree.engine.server.app import ServerConfig, build_app
 from stallfree.engine.server.launcher import uvicorn_server
 

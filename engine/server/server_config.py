@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.engine.config_checks import is_int, is_number, require
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 

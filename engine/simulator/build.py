@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stallfree.engine.config import EngineConfig
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.simulator.deployment import Deployment

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from stallfree.engine.hydra_groups import ConfigError, is_int, is_number, require
+from stallfree.engine.config_checks import ConfigError, is_int, is_number, require
 from stallfree.engine.model.stages import stage_layer_counts
 
 KEY = "model.deployment"

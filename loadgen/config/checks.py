@@ -13,7 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from stallfree.engine.hydra_groups import CONF_DIR, ConfigError, composition_error, register_schema
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import CONF_DIR, composition_error, register_schema
 from stallfree.loadgen.config.schema import BenchConfig, load_bench
 from stallfree.loadgen.results.writable import ResultsDirError, probe_writable
 

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from stallfree.engine.hydra_groups import ConfigError, one_line
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import one_line
 from stallfree.loadgen.results.writable import ResultsDirError
 
 EXIT_CONFIG, EXIT_TARGET, EXIT_OTHER, EXIT_INTERRUPTED = 2, 3, 1, 130

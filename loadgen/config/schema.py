@@ -17,17 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stallfree.engine import EngineConfig
-from stallfree.engine.hydra_groups import (
-    CONF_DIR,
-    ConfigError,
-    check_engine,
-    cost_model_file,
-    is_int,
-    is_number,
-    register_schema,
-    require,
-    typed,
-)
+from stallfree.engine.config_checks import ConfigError, is_int, is_number, require
+from stallfree.engine.hydra_config import CONF_DIR, check_engine, cost_model_file, register_schema, typed
 from stallfree.loadgen.config.search_groups import CapacityGroup, CompareGroup, positive
 
 register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, needs this module

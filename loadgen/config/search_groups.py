@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from stallfree.engine.hydra_groups import is_number, require
+from stallfree.engine.config_checks import is_number, require
 
 
 def positive(key: str, value: float | None, optional: bool = False) -> None:

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 from stallfree.engine import SCHEDULERS
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.config.schema import BenchConfig
 
 # (section, field, default) of EngineConfig fields newer than the run ids (engine_identity).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.engine.hydra_config import CONF_DIR
 from stallfree.loadgen.config.schema import SloGroup, load_group
 
 WINDOW_S = 10.0

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from stallfree.engine.hydra_groups import CONF_DIR
+from stallfree.engine.hydra_config import CONF_DIR
 from stallfree.loadgen.config.schema import WorkloadGroup, load_group
 from stallfree.loadgen.workload.request_specs import RequestSpec, build_workload, is_text_workload
 

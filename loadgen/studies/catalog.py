@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from stallfree.engine.hydra_groups import is_int, require
+from stallfree.engine.config_checks import is_int, require
 from stallfree.loadgen.studies.driver import IterationDriver
 from stallfree.loadgen.studies.table import PhaseRow
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import cost_model_file
+from stallfree.engine.hydra_config import cost_model_file
 from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.config.schema import BenchConfig

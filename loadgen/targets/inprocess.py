@@ -20,7 +20,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.records import RequestRecord, session_ended
 from stallfree.engine.records.request_spec import RequestSpec, session_groups
 from stallfree.loadgen.config.schema import BenchConfig

@@ -1,12 +1,13 @@
 """A ``stallfree-serve`` process for a bench run: the run's engine, every field
-(engine.hydra_groups.serve_overrides), on ``target.host`` / ``target.port`` (0: a free port), logging to
+(engine.hydra_config.serve_overrides), on ``target.host`` / ``target.port`` (0: a free port), logging to
 ``<log_dir>/server-<port>.log``; started and answering on enter, stopped on exit (server_process.py)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from stallfree.engine.hydra_groups import ConfigError, serve_overrides
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import serve_overrides
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.targets.server_process import ServerExited, ServerProcess, free_port
 

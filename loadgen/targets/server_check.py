@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.targets.base import RequestShape
 

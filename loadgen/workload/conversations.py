@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import ConfigError, is_int, is_number, require
+from stallfree.engine.config_checks import ConfigError, is_int, is_number, require
 from stallfree.loadgen.workload.sessions import Session, Turn
 from stallfree.loadgen.workload.text_prompts import Tokenizer, chat_token_ids
 

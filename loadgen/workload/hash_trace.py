@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.engine.config_checks import is_int, is_number, require
 from stallfree.loadgen.workload.prefix_reuse import TokenIds
 
 TRACES_DIR = Path(__file__).parent / "traces"

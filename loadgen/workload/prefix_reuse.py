@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import is_int, require
+from stallfree.engine.config_checks import is_int, require
 
 
 @dataclass(frozen=True)

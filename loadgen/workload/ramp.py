@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import is_number, require
+from stallfree.engine.config_checks import is_number, require
 
 STRATEGIES = ("linear", "exponential")
 RAMP_KEYS = ("ramp_up_strategy", "ramp_up_start_qps", "ramp_up_end_qps")

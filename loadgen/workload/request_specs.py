@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import is_int, is_number, require
+from stallfree.engine.config_checks import is_int, is_number, require
 from stallfree.engine.records.request_spec import RequestSpec
 from stallfree.loadgen.workload.conversations import sharegpt_sessions
 from stallfree.loadgen.workload.hash_trace import TRACES_DIR, hash_trace, hash_trace_columns, is_hash_trace

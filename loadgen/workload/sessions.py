@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import ConfigError, is_int, is_number, require
+from stallfree.engine.config_checks import ConfigError, is_int, is_number, require
 from stallfree.engine.records.request_spec import CONTEXT_LIMIT, LAST_TURN, REQUEST_LIMIT, RequestSpec
 from stallfree.loadgen.workload.prefix_reuse import TokenIds
 

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from stallfree.engine.hydra_groups import ConfigError, is_int, require
+from stallfree.engine.config_checks import ConfigError, is_int, require
 
 TEXTS_DIR = Path(__file__).parent / "texts"
 SONNET_INSTRUCTION = "Pick as many lines as you can from these poem lines:\n"

@@ -87,7 +87,7 @@ def reduce(results, num_requests: int = 256):
 def test_the_preset_size_is_the_presets():
     import yaml
 
-    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.engine.hydra_config import CONF_DIR
 
     preset = yaml.safe_load((CONF_DIR / "experiment" / "paper.yaml").read_text())
     assert preset["num_requests"] == paper.PAPER_NUM_REQUESTS

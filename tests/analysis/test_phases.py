@@ -96,7 +96,7 @@ def test_tables(frame):
 
 @pytest.mark.slow
 def test_report_includes_phases_notebook(tmp_path, tiny_path):
-    from stallfree.engine.hydra_groups import compose
+    from stallfree.engine.hydra_config import compose
     from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.studies import run_study
 

@@ -51,7 +51,7 @@ def test_no_study_no_lines(tmp_path):
 def test_the_preset_keeps_one_experiment_per_workload():
     from hydra import compose, initialize_config_dir
 
-    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.engine.hydra_config import CONF_DIR
     from stallfree.loadgen.config.checks import validate_cli
 
     validate_cli(["+experiment=prefix", "model=mistral7b_a100"])

@@ -8,7 +8,7 @@ import torch
 
 from stallfree.engine import device
 from stallfree.engine.device import choose_dtype
-from stallfree.engine.hydra_groups import compose
+from stallfree.engine.hydra_config import compose
 
 
 @pytest.mark.parametrize("native, dtype, why", [(True, torch.bfloat16, "has native bf16"),

@@ -7,8 +7,8 @@ import torch
 
 from stallfree.engine import LLMEngine
 from stallfree.engine.config import ParallelConfig
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.distributed.validation import check_parallel
-from stallfree.engine.hydra_groups import ConfigError
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.server import cli
 

@@ -1,7 +1,8 @@
 """Deployments as configuration, and how a deployment's stages compose the operator cost model's times."""
 import pytest
 
-from stallfree.engine.hydra_groups import ConfigError, compose
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import compose
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput

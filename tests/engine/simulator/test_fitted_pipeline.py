@@ -6,8 +6,8 @@ import statistics
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
-from stallfree.engine.hydra_groups import ConfigError
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput

@@ -1,7 +1,7 @@
 """The memory planner: KV blocks = GPU memory x utilisation - weights / (TP x PP) - activation reserve, per GPU."""
 import pytest
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.simulator.deployment import Deployment
 from stallfree.engine.simulator.memory_plan import GIB, plan_memory
 from tests.helpers.fakes.operator_cost_model import FakeGPU, FakeShape

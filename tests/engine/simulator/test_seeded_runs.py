@@ -17,7 +17,7 @@ import json
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.hydra_groups import compose, engine_of, override
+from stallfree.engine.hydra_config import compose, engine_of, override
 from stallfree.engine.records import as_row
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -3,7 +3,8 @@ target.max_in_flight still taken with a hint, and run ids of runs without them u
 import pytest
 from hydra import compose, initialize_config_dir
 
-from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import CONF_DIR
 from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.plan import plan_run
 

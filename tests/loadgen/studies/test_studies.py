@@ -7,7 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from stallfree.engine import LLMEngine
-from stallfree.engine.hydra_groups import ConfigError, compose
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import compose
 from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.studies import run_study
 from stallfree.loadgen.studies.catalog import check_study

@@ -105,7 +105,7 @@ def search_on(monkeypatch, tmp_path, fake_run_point, overrides: list[str], unloa
     TTFT of ``unloaded_ms``: the capacity record."""
     from hydra import compose, initialize_config_dir
 
-    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.engine.hydra_config import CONF_DIR
     from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
@@ -123,7 +123,7 @@ def search_on(monkeypatch, tmp_path, fake_run_point, overrides: list[str], unloa
 def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.engine.hydra_config import CONF_DIR
     from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
@@ -240,7 +240,7 @@ def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again(
 def test_an_outdated_cached_capacity_point_is_measured_again_and_the_new_summary_kept(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from stallfree.engine.hydra_groups import CONF_DIR
+    from stallfree.engine.hydra_config import CONF_DIR
     from stallfree.loadgen.config.schema import load_bench
     from stallfree.loadgen.results.request_metrics import COMPLETION_METHOD
     from stallfree.loadgen.sweep.live_target import LiveTarget

@@ -13,7 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from stallfree.engine import EngineConfig, LLMEngine
-from stallfree.engine.hydra_groups import compose, override
+from stallfree.engine.hydra_config import compose, override
 from stallfree.engine.server.cli import _configs
 from stallfree.loadgen.config.checks import check
 

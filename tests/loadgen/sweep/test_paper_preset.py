@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from stallfree.engine import CostModel
-from stallfree.engine.hydra_groups import compose
+from stallfree.engine.hydra_config import compose
 from stallfree.engine.model.presets import hf_config
 from tests.helpers.paths import ROOT
 

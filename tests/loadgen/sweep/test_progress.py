@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from stallfree.engine.hydra_groups import CONF_DIR, register_schema
+from stallfree.engine.hydra_config import CONF_DIR, register_schema
 from stallfree.loadgen.sweep import progress
 from stallfree.loadgen.sweep.progress import RunPart, SweepProgress, duration, sweep_plan
 

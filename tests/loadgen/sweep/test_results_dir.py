@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.config.checks import validate_cli
 from stallfree.loadgen.results.run_dir import is_complete, write_run
 from stallfree.loadgen.results.writable import ResultsDirError

@@ -5,7 +5,7 @@ import json
 import nbformat
 import pytest
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, validate_cli
 from stallfree.loadgen.config.schema import load_bench
 from stallfree.loadgen.sweep.live_target import LiveTarget

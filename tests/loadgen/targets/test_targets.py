@@ -4,7 +4,8 @@ import inspect
 
 import pytest
 
-from stallfree.engine.hydra_groups import CONF_DIR, ConfigError
+from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.hydra_config import CONF_DIR
 from stallfree.loadgen.targets import TARGETS, Target, target_class
 from stallfree.loadgen.targets.inprocess import TIMEOUT_ERROR, replay
 from stallfree.loadgen.workload.request_specs import build_workload

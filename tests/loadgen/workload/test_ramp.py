@@ -3,7 +3,7 @@ naming the key, and the client sends at the ramp's rate window by window."""
 import numpy as np
 import pytest
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.workload.ramp import RampUp
 from stallfree.loadgen.workload.request_specs import build_workload
 

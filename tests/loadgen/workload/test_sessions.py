@@ -3,7 +3,7 @@ arrival process, a context that outgrows max_total_tokens ends its session with 
 import numpy as np
 import pytest
 
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.records.request_spec import CONTEXT_LIMIT, LAST_TURN, REQUEST_LIMIT, session_groups
 from stallfree.loadgen.workload.prefix_reuse import ideal_hit_rate
 from stallfree.loadgen.workload.request_specs import build_workload

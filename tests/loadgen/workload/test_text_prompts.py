@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stallfree.engine import resolve_model_path
-from stallfree.engine.hydra_groups import ConfigError
+from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.workload.request_specs import build_workload
 from stallfree.loadgen.workload.text_prompts import chat_token_ids, load_tokenizer
 from tests.helpers.paths import DATA

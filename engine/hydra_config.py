@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import json
-import math
 import re
 import types
 import typing
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stallfree.engine.config import EngineConfig
+from stallfree.engine.config_checks import ConfigError, is_number, require
 
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
@@ -32,24 +32,6 @@ COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "fi
 MODEL_NAMES = ("model", "dtype", "device", "attention_backend", "runner", "clock")
 SCHEMA_NAME = "engine_schema"  # the first entry of conf/serve.yaml's, bench.yaml's and profile.yaml's defaults
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message starts with the key."""
-
-
-def require(ok: bool, key: str, rule: str, value: object) -> None:
-    """Raise ``ConfigError("<key> must be <rule>, got <value>")`` unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"{key} must be {rule}, got {value!r}")
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def override(key: str, value: object) -> str:
