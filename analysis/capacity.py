@@ -3,7 +3,7 @@
 A run *passes* an SLO when `p99_tbt_ms <= slo_tbt_ms`, `median_scheduling_delay_ms <=
 max_scheduling_delay_ms` (2 s by default) and `completion_ratio >= MIN_COMPLETION_RATIO` (the server kept
 pace; a run without one of these fields is not held back by it). Capacity is the highest passing QPS of a
-config, stated with its bound (`capacity_bound`, loadgen.results.capacity_bound): `exact` when a higher QPS
+config, stated with its bound (`capacity_bound`, engine.records.capacity_bound): `exact` when a higher QPS
 failed, `lower` when the highest QPS tried passed (shown `>= X`), `upper` when none passed (capacity 0.0,
 shown `< the lowest QPS tried`); `capacity_display` is the text every table and plot shows.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from stallfree.analysis.load import label_configs
-from stallfree.loadgen.results.capacity_bound import EXACT, LOWER, UPPER, capacity_text, search_bound
+from stallfree.engine.records.capacity_bound import EXACT, LOWER, UPPER, capacity_text, search_bound
 
 BASELINE = "vllm"
 STRICT_FACTOR = 5.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stallfree.loadgen.results.repeat_stats import mean_interval
+from stallfree.engine.records.repeat_stats import mean_interval
 
 EXACT, LOWER, BELOW = "exact", "lower", "below"  # Capacity.bound
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stallfree.analysis.load import POLICIES, engine_labels
+from stallfree.analysis.load import engine_labels
+from stallfree.engine.records.policies import POLICIES
 
 RECORD_KEYS = ["contender", "status", "reason", "target", "scheduler", "chunk_size", "slo_name", "slo_tbt_ms",
                "slo_reference_method", "capacity_qps", "bracketed", "lo_qps", "hi_qps"]

@@ -30,7 +30,7 @@ from stallfree.analysis.capacity_ranking import (
 )
 from stallfree.analysis.load import PREFIX_SUFFIX, disturbed_mask
 from stallfree.analysis.prefix_study import prefix_conclusion
-from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS
+from stallfree.engine.records.server_summary import PREFIX_CACHE_WARN_POINTS
 
 # --- capacities from the results ------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ each run's `summary.json`; an experiment without run dirs falls back to its `sum
 runs have no requests or batches). Dot-prefixed and `*.tmp` dirs are runs still being written and
 are skipped. Every frame carries the run keys `RUN_KEYS`, so frames join on them.
 
-Per-request latencies are loadgen's own (`stallfree.loadgen.results.request_metrics.request_metrics`), so they agree with the
+Per-request latencies are loadgen's own (`stallfree.engine.records.request_metrics.request_metrics`), so they agree with the
 run summaries. Whether a run's policy chunks prefills is read from the data: its summary's `chunk_size`
 is null for a policy that does not chunk.
 """
@@ -22,16 +22,14 @@ import numpy as np
 import pandas as pd
 
 from stallfree.analysis.vllm_format import read_vllm_results
-from stallfree.loadgen.results.batch_rows import BATCH_COLUMNS, read_batches
-from stallfree.loadgen.results.request_metrics import request_metrics
+from stallfree.engine.records.batch_rows import BATCH_COLUMNS, read_batches
+from stallfree.engine.records.policies import POLICIES
+from stallfree.engine.records.request_metrics import request_metrics
 
 RUN_KEYS = ["experiment", "run_id", "scheduler", "chunk_size", "qps"]
 METRIC_COLUMNS = ["output_throughput", "p99_tbt_ms", "median_ttft_ms", "p99_ttft_ms",
                   "median_scheduling_delay_ms", "slo_tbt_ms", "slo_ttft_ms", "decode_iter_ms"]
 DERIVED_BATCH_COLUMNS = ("iteration_ms", "num_tokens", "kind", "decode_stall")  # load_batches adds them
-# The scheduler registry's policies (engine.scheduler.SCHEDULERS, which analysis may not import) in the order
-# figures list them; tests/analysis/test_policies.py checks they are the registry's names.
-POLICIES = ("vllm", "orca", "faster_transformer", "sarathi", "chunked_prefill", "hybrid")
 NO_CHUNK = "none"
 PREFIX_SUFFIX = "+prefix"  # a config label's mark of an engine that cached prefixes
 
@@ -81,7 +79,7 @@ def load_runs(source: Source) -> pd.DataFrame:
 
 def load_requests(source: Source, measured_only: bool = True) -> pd.DataFrame:
     """One row per request (requests.parquet) with run keys and loadgen's per-request metrics
-    (`stallfree.loadgen.results.request_metrics.request_metrics`, all in ms, NaN for failed requests): `ttft_ms` (first token -
+    (`stallfree.engine.records.request_metrics.request_metrics`, all in ms, NaN for failed requests): `ttft_ms` (first token -
     intended send), `e2el_ms` (finish - intended send; also as `e2e_ms`), `tpot_ms` ((e2el - ttft) /
     (output_tokens - 1), NaN below 2 tokens), `scheduling_delay_ms` (server first scheduled - server
     arrival), and the others of that function. `measured_only` keeps status "ok", non-warmup requests.

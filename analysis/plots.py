@@ -17,11 +17,12 @@ from matplotlib.patches import Patch
 
 from stallfree.analysis.capacity import BASELINE, bar_label
 from stallfree.analysis.figure_style import finish, log_scale, message, style
-from stallfree.analysis.load import NO_CHUNK, POLICIES
+from stallfree.analysis.load import NO_CHUNK
 from stallfree.analysis.pareto import pareto_front
 from stallfree.analysis.repeats import repeat_summary
 from stallfree.analysis.server_panels import NO_SERVER_METRICS, QUEUE_COLORS, server_panels
 from stallfree.analysis.stalls import long_requests
+from stallfree.engine.records.policies import POLICIES
 
 LABELS = {
     "p99_tbt_ms": "P99 TBT (ms)", "median_tbt_ms": "P50 TBT (ms)", "median_ttft_ms": "P50 TTFT (ms)",

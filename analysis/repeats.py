@@ -1,5 +1,5 @@
 """Repeated runs of one point (``repeats=N``: the same settings on seeds seed, seed + 1, ...; they share
-a ``point_id``): per metric the mean and its 95% interval (``stallfree.loadgen.results.repeat_stats.mean_interval``)."""
+a ``point_id``): per metric the mean and its 95% interval (``stallfree.engine.records.repeat_stats.mean_interval``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from stallfree.analysis.load import disturbed_mask
-from stallfree.loadgen.results.repeat_stats import mean_interval
+from stallfree.engine.records.repeat_stats import mean_interval
 
 METRICS = ("output_throughput", "request_throughput", "p99_tbt_ms", "median_ttft_ms", "p99_ttft_ms",
            "median_e2el_ms", "p99_e2el_ms")

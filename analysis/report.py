@@ -25,7 +25,7 @@ from stallfree.analysis.paper import capacity_table
 from stallfree.analysis.phases import find_phases
 from stallfree.analysis.prefix_study import has_prefix_study
 from stallfree.analysis.vllm_format import export_vllm
-from stallfree.loadgen.results.writable import ResultsDirError, probe_writable, results_dir_error
+from stallfree.engine.records.writable import ResultsDirError, probe_writable, results_dir_error
 
 NOTEBOOK_DIR = Path(__file__).parent / "notebooks"
 SECTIONS = {"pareto": "Pareto frontiers", "capacity": "Capacity", "stalls": "Generation stalls",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from stallfree.loadgen.results.server_summary import PREFIX_CACHE_WARN_POINTS as WARN_POINTS
+from stallfree.engine.records.server_summary import PREFIX_CACHE_WARN_POINTS as WARN_POINTS
 
 SESSION_COLUMNS = {"num_sessions": "sessions", "sessions_completed": "completed",
                    "sessions_context_limit": "ended at context", "mean_turns_per_session": "turns / session",

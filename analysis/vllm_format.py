@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stallfree.loadgen.results.request_metrics import per_request_metrics
+from stallfree.engine.records.request_metrics import per_request_metrics
 
 # vLLM metric -> the stallfree summary metrics that hold it
 VLLM_METRICS = {"ttft": ("ttft_from_send",), "tpot": ("tpot",), "itl": ("itl",), "e2el": ("e2el_from_send",)}

@@ -32,10 +32,10 @@ import aiohttp
 import numpy as np
 
 from stallfree.engine.records import RequestRecord
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.openai_client.client import HttpClient
 from stallfree.loadgen.openai_client.completions import NO_DONE, ResponseError, apply_sse_event
 from stallfree.loadgen.openai_client.openloop import run_open_loop
-from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.workload.request_specs import build_workload
 from tests.helpers.fakes.fake_sse_server import realtime_priority, running_fake_server

@@ -19,7 +19,7 @@ from benchmarks.engine_throughput import write_result
 TRIAL = """
 import json, sys
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.workload.request_specs import build_workload
 from tests.helpers.fakes.fake_sse_server import running_fake_server

@@ -31,8 +31,8 @@ from stallfree.engine import LLMEngine
 from stallfree.engine.device import cpu_description
 from stallfree.engine.fitting.profile import context_filling_prompts, feed_requests, random_requests
 from stallfree.engine.fitting.speed_check import measure_speed
+from stallfree.engine.records.request_metrics import pipeline_summary, summarize
 from stallfree.engine.simulator.fitted_pipeline import StageCostModels, stage_records
-from stallfree.loadgen.results.request_metrics import pipeline_summary, summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -29,7 +29,7 @@ from stallfree.engine import (
     profile_cost_model,
 )
 from stallfree.engine.fitting.speed_check import measure_speed
-from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stallfree.engine import LLMEngine
 from stallfree.engine.hydra_config import compose, engine_of
-from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -16,7 +16,7 @@ whose iterations sleep the cost model's time, so the server hardly depends on th
 other processes leave it. Per run: the client's medians of TTFT (from the actual send), TPOT and ITL as vLLM
 defines them, the client process's CPU time during the schedule (resource usage), its schedule lag, and
 the server engine's CPU share (loadgen.sweep.cpu_share). vLLM's per-request timestamps are also summarized
-by loadgen.results.request_metrics, which checks that the two define the metrics alike.
+by engine.records.request_metrics, which checks that the two define the metrics alike.
 
     python -m benchmarks.vs_vllm_client --peer-script PATH/vllm_cpu.sh [--peer-venv ~/.cache/vllm-cpu-venv]
     # benchmarks/results/vs_vllm_client.json: ... --servers simulated,stallfree,vllm --qps 0.5,4
@@ -51,15 +51,15 @@ from benchmarks.lib.vllm_client import (
 )
 from stallfree.engine.model.presets import resolve_model_path
 from stallfree.engine.records import RequestRecord, RequestSpec, as_row
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.targets.server_process import ServerProcess
 
 TOLERANCE = 0.05
 SAME_STEP_MS = 10.0  # --together copies: the two copies of a request whose TTFTs differ less were served together
-# vLLM's summary keys -> loadgen.results.request_metrics summary keys of the same definition
+# vLLM's summary keys -> engine.records.request_metrics summary keys of the same definition
 SAME_METRIC = {"median_ttft_ms": "median_ttft_from_send_ms", "median_tpot_ms": "median_tpot_ms",
                "median_itl_ms": "median_itl_ms"}
 def run_stallfree_client(url: str, model: str, specs: list[RequestSpec],
@@ -221,7 +221,7 @@ def compare(runs: list[dict]) -> dict:
             entry[metric] = {"vllm_client": vllm, "stallfree_client": ours, "ratio": ours / vllm,
                              "within_5pct": abs(ours / vllm - 1) <= TOLERANCE,
                              "runs": {"vllm_client": values("vllm", key), "stallfree_client": values("stallfree", key)}}
-        # loadgen.results.request_metrics on vLLM's own timestamps against the medians vLLM reports: the definitions agree
+        # engine.records.request_metrics on vLLM's own timestamps against the medians vLLM reports: the definitions agree
         entry["definitions_max_rel_diff"] = max(
             (abs(r[ours] / r["vllm_reported"][theirs] - 1) for r in runs
              if (r["server"], r["qps"]) == point and "vllm_reported" in r for theirs, ours in SAME_METRIC.items()),

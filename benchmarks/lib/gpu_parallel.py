@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.lib.gpu_checks import CHECK_MAX_TOKENS, check_prompts
 from stallfree.engine import LLM, BatchRecord, SamplingParams
-from stallfree.loadgen.results.request_metrics import pipeline_summary
+from stallfree.engine.records.request_metrics import pipeline_summary
 
 PP_PROMPTS = 32  # the PP2 bubble run: enough requests to keep two micro-batches in flight
 PP_PROMPT_LEN, PP_MAX_TOKENS = 256, 32

@@ -15,8 +15,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.hydra_config import CONF_DIR, composition_error, register_schema
+from stallfree.engine.records.writable import ResultsDirError, probe_writable
 from stallfree.loadgen.config.schema import BenchConfig, load_bench
-from stallfree.loadgen.results.writable import ResultsDirError, probe_writable
 
 CONFIG_NAME = "bench"
 STAND_IN_VOCAB = 32000  # the workload is only built to validate it; token ids do not matter here

@@ -1,7 +1,7 @@
 """How a command of the harness ends on an error: one line on stderr that says what to do, and a
 documented exit code (docs/bench.md); the traceback only with ``STALLFREE_DEBUG=1``.
 
-Exit codes: 2 a config error (the key is named) or results that cannot be written (loadgen.results.writable:
+Exit codes: 2 a config error (the key is named) or results that cannot be written (engine.records.writable:
 no permission, a read-only or full filesystem); 3 the target failed (unreachable, does not serve the
 model, died or failed every request); 1 any other error; 130 interrupted (Ctrl-C).
 """
@@ -16,7 +16,7 @@ from types import FrameType
 
 from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.hydra_config import one_line
-from stallfree.loadgen.results.writable import ResultsDirError
+from stallfree.engine.records.writable import ResultsDirError
 
 EXIT_CONFIG, EXIT_TARGET, EXIT_OTHER, EXIT_INTERRUPTED = 2, 3, 1, 130
 

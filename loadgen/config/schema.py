@@ -131,7 +131,7 @@ class SloGroup:
     goodput: str | None = None
 
     def __post_init__(self) -> None:
-        from stallfree.loadgen.results.request_metrics import parse_goodput
+        from stallfree.engine.records.request_metrics import parse_goodput
 
         positive("slo.tbt_multiple", self.tbt_multiple)
         for key in ("tbt_ms", "reference_ms", "ttft_ms"):

@@ -3,7 +3,7 @@ output tokens/s, TTFT and TBT percentiles, SLO attainment, requests in flight an
 WINDOW_S window of the run and for the whole run. Plain Python, no Locust: it aggregates the event
 batches of loadgen.locust.llm_events.LiveEvents.drain, from this process or from workers.
 
-Latencies follow loadgen.results.request_metrics: TTFT from the intended send time, TBT every gap between two tokens. A
+Latencies follow engine.records.request_metrics: TTFT from the intended send time, TBT every gap between two tokens. A
 request meets the SLO as in its ``summarize`` (request_goodput): it is ok, its TTFT <= the TTFT bound and
 every gap <= the TBT bound (each when given). Percentiles come from 2 %-wide logarithmic bins.
 """

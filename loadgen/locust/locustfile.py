@@ -57,13 +57,13 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from stallfree.engine.records import RequestRecord, RequestSpec
+from stallfree.engine.records.client_pace import MAX_SCHEDULE_LAG_P99_MS
 from stallfree.loadgen.locust.llm_events import LiveEvents
 from stallfree.loadgen.locust.llm_stats import SLO_NAMES, slo_bounds
 from stallfree.loadgen.locust.llm_tab import install as install_llm_tab
 from stallfree.loadgen.locust.schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
 from stallfree.loadgen.locust.user_request import fire, report, stream_completion
 from stallfree.loadgen.openai_client.completions import ResponseError
-from stallfree.loadgen.results.client_pace import MAX_SCHEDULE_LAG_P99_MS
 
 DONE_MESSAGE = "stallfree_done"  # a process -> the master (or itself): all of its requests have ended
 

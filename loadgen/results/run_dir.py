@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from stallfree.engine.records import BatchRecord, RequestRecord, arrow_schema, as_row
-from stallfree.loadgen.results.batch_rows import write_batches
-from stallfree.loadgen.results.writable import ResultsDirError
+from stallfree.engine.records.batch_rows import write_batches
+from stallfree.engine.records.writable import ResultsDirError
 
 MAX_RUN_ID_LEN = 180
 REQUESTS_SCHEMA = arrow_schema(RequestRecord)
@@ -77,7 +77,7 @@ def _json_value(value):
 
 
 def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
-    """The records as a DataFrame with the requests.parquet columns (what loadgen.results.request_metrics reads)."""
+    """The records as a DataFrame with the requests.parquet columns (what engine.records.request_metrics reads)."""
     return pd.DataFrame([as_row(r) for r in records], columns=REQUESTS_SCHEMA.names)
 
 

@@ -21,10 +21,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from stallfree.engine.records.writable import results_dir_error
 from stallfree.loadgen.config.checks import CONF_DIR, CONFIG_NAME, check, validate_cli
 from stallfree.loadgen.config.errors import exit_on_error
 from stallfree.loadgen.config.schema import BenchConfig
-from stallfree.loadgen.results.writable import results_dir_error
 from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import run_repeats

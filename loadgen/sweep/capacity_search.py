@@ -12,7 +12,7 @@ resolved once, before the first point, and every point is judged against them.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
 ``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, slo_name,
 slo_tbt_ms, the SLO reference and how it was measured, unloaded_ttft, capacity_qps (mean over repeats),
-capacity_bound (exact | lower | upper, loadgen.results.capacity_bound), capacity_display, capacity_ci_lo /
+capacity_bound (exact | lower | upper, engine.records.capacity_bound), capacity_display, capacity_ci_lo /
 capacity_ci_hi (its 95% interval), ..., points} rebuilt from one file per search in ``.capacity/``.
 
 ``stallfree-capacity ARGS`` is ``stallfree-bench +experiment=capacity ARGS``. On a running server
@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stallfree.engine.records.capacity_bound import capacity_text, mean_bound, search_bound
+from stallfree.engine.records.repeat_stats import mean_interval
+from stallfree.engine.records.request_metrics import UnloadedTtft
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.search_groups import CapacityGroup
-from stallfree.loadgen.results.capacity_bound import capacity_text, mean_bound, search_bound
-from stallfree.loadgen.results.repeat_stats import mean_interval
-from stallfree.loadgen.results.request_metrics import UnloadedTtft
 from stallfree.loadgen.results.run_dir import make_run_id
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
 from stallfree.loadgen.sweep.keep_pace import checks, reason

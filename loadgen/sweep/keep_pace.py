@@ -1,10 +1,10 @@
 """The rules a capacity point passes: the server met the SLO *and* kept pace with the offered load, judged
-from what every target shows a client (the run summary's fields, loadgen.results.request_metrics).
+from what every target shows a client (the run summary's fields, engine.records.request_metrics).
 
 * ``failed``: no request failed;
 * ``tbt``: P99 TBT <= the SLO;
 * ``completion``: the requests that ended ok within the steady window shifted by its median latency, over
-  the window's requests (loadgen.results.request_metrics) >= ``capacity.min_completion_ratio``;
+  the window's requests (engine.records.request_metrics) >= ``capacity.min_completion_ratio``;
 * ``client_delay``: the median client-side scheduling delay (TTFT - unloaded TTFT) <=
   ``capacity.max_p50_scheduling_delay_s``;
 * ``delay_growth``: that delay grows by <= ``capacity.max_delay_growth_s`` from the first to the last third

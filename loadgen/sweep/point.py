@@ -18,24 +18,24 @@ import time
 from tqdm import tqdm
 
 from stallfree.engine.records import BatchRecord, RequestRecord
-from stallfree.loadgen.config.errors import TargetError
-from stallfree.loadgen.config.schema import BenchConfig
-from stallfree.loadgen.config.views import workload_tokenizer
-from stallfree.loadgen.openai_client.completions import lost_connection
-from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
-from stallfree.loadgen.results.request_metrics import (
+from stallfree.engine.records.request_metrics import (
     COMPLETION_METHOD,
     UnloadedTtft,
     pipeline_summary,
     summarize,
 )
+from stallfree.engine.records.server_summary import prefix_cache_warning
+from stallfree.loadgen.config.errors import TargetError
+from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.views import workload_tokenizer
+from stallfree.loadgen.openai_client.completions import lost_connection
+from stallfree.loadgen.results.output_lengths import early_stop_warning, output_length_summary
 from stallfree.loadgen.results.run_dir import (
     is_complete,
     rebuild_experiment_summary,
     requests_frame,
     write_run,
 )
-from stallfree.loadgen.results.server_summary import prefix_cache_warning
 from stallfree.loadgen.results.summary_block import result_block
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor, CpuReport, placement
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock

@@ -1,5 +1,5 @@
 """The unloaded TTFT of a target, measured once per capacity search: the baseline of the client-side
-scheduling delay (loadgen.results.request_metrics.pace_summary).
+scheduling delay (engine.records.request_metrics.pace_summary).
 
 The shortest and the longest prompt of the search's workload are each sent ``REQUESTS_PER_LENGTH`` times,
 one request at a time (nothing else in flight); the median TTFT (first token - send) of each length gives
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from stallfree.engine.records.request_metrics import UnloadedTtft
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import digest, workload_tokenizer
-from stallfree.loadgen.results.request_metrics import UnloadedTtft
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.targets.base import Target
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import httpx
 import pandas as pd
 
+from stallfree.engine.records.server_summary import series_summary
 from stallfree.loadgen.results.run_dir import SERVER_METRICS_SCHEMA
-from stallfree.loadgen.results.server_summary import series_summary
 from stallfree.loadgen.targets.server_vocabulary import ENGINES, read_page
 
 TIMEOUT_S = 5.0
@@ -32,7 +32,7 @@ class ServerMetrics:
     rows: list[dict] = field(default_factory=list)  # time (epoch s), metric (ours), value, series (the raw name)
 
     def summary(self, window: tuple[float, float] | None) -> dict:
-        """The run summary's server fields (loadgen.results.server_summary; ``window``: the arrival window)."""
+        """The run summary's server fields (engine.records.server_summary; ``window``: the arrival window)."""
         series = pd.DataFrame(self.rows, columns=SERVER_METRICS_SCHEMA.names)
         return {"server_metrics": self.engine, "server_metrics_reason": self.reason,
                 "server_metrics_scrapes": self.scrapes, **series_summary(series, window)}

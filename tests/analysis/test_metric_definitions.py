@@ -6,7 +6,7 @@ import pytest
 
 from stallfree.analysis import load
 from stallfree.engine.records import RequestRecord
-from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 
 T0 = 1000.0

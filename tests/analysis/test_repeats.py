@@ -11,7 +11,7 @@ from scipy import stats
 
 from stallfree.analysis import capacity, load, plots
 from stallfree.analysis.repeats import repeat_summary
-from stallfree.loadgen.results.repeat_stats import mean_interval
+from stallfree.engine.records.repeat_stats import mean_interval
 
 
 def test_interval_is_students_t():

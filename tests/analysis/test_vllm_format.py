@@ -11,7 +11,7 @@ from stallfree.analysis import load
 from stallfree.analysis.report import main as report_main
 from stallfree.analysis.vllm_format import export_vllm
 from stallfree.engine.records import RequestRecord
-from stallfree.loadgen.results.request_metrics import summarize
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 
 

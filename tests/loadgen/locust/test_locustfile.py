@@ -19,9 +19,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from stallfree.engine.records.request_metrics import request_metrics, summarize
 from stallfree.engine.server import start_server
 from stallfree.loadgen.locust.target import read_records
-from stallfree.loadgen.results.request_metrics import request_metrics, summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from tests.helpers.fakes.fake_sse_server import running_fake_server
 from tests.helpers.locust import llm_stats, locust_command, locust_stats

@@ -2,8 +2,8 @@
 cap holds back records its wait, which is the gap between its latencies from the scheduled and the actual send."""
 import pytest
 
+from stallfree.engine.records.request_metrics import request_metrics, summarize
 from stallfree.loadgen.openai_client.openloop import run_open_loop_sync
-from stallfree.loadgen.results.request_metrics import request_metrics, summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.workload.request_specs import build_workload
 from tests.helpers.fakes.fake_sse_server import running_fake_server

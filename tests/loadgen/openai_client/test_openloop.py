@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
+from stallfree.engine.records.request_metrics import summarize
 from stallfree.loadgen.openai_client.client import iter_body, read_head
 from stallfree.loadgen.openai_client.openloop import run_open_loop, run_open_loop_sync
-from stallfree.loadgen.results.request_metrics import summarize
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.workload.request_specs import RequestSpec, build_workload
 from tests.helpers.fakes.fake_sse_server import realtime_priority, running_fake_server

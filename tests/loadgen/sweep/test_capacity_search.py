@@ -106,8 +106,8 @@ def search_on(monkeypatch, tmp_path, fake_run_point, overrides: list[str], unloa
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_config import CONF_DIR
+    from stallfree.engine.records.request_metrics import UnloadedTtft
     from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
 
     monkeypatch.setattr(capacity, "run_point", fake_run_point)
@@ -124,8 +124,8 @@ def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_pat
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_config import CONF_DIR
+    from stallfree.engine.records.request_metrics import UnloadedTtft
     from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.results.request_metrics import UnloadedTtft
     from stallfree.loadgen.sweep import capacity_search as capacity
 
     capacities, calls, parts, slos = {0: 4.0, 1: 6.0}, [], [], []
@@ -226,7 +226,7 @@ def test_a_point_whose_in_flight_requests_grow_with_its_length_fails_as_a_backlo
 
 
 def test_a_cached_capacity_point_without_the_keep_pace_fields_is_measured_again():
-    from stallfree.loadgen.results.request_metrics import COMPLETION_METHOD
+    from stallfree.engine.records.request_metrics import COMPLETION_METHOD
     from stallfree.loadgen.sweep.point import must_rerun
 
     assert must_rerun("none", {"capacity_search": "strict", "p99_tbt_ms": 10.0})  # an earlier version's point
@@ -241,8 +241,8 @@ def test_an_outdated_cached_capacity_point_is_measured_again_and_the_new_summary
     from hydra import compose, initialize_config_dir
 
     from stallfree.engine.hydra_config import CONF_DIR
+    from stallfree.engine.records.request_metrics import COMPLETION_METHOD
     from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.results.request_metrics import COMPLETION_METHOD
     from stallfree.loadgen.sweep.live_target import LiveTarget
     from stallfree.loadgen.sweep.plan import plan_run
     from stallfree.loadgen.sweep.point import run_point

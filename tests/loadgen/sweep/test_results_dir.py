@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.records.writable import ResultsDirError
 from stallfree.loadgen.config.checks import validate_cli
 from stallfree.loadgen.results.run_dir import is_complete, write_run
-from stallfree.loadgen.results.writable import ResultsDirError
 from tests.helpers.paths import ROOT
 from tests.loadgen.sweep.test_user_mistakes import BIN, RUN, assert_one_line, run
 

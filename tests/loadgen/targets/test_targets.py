@@ -117,7 +117,7 @@ def test_an_inprocess_cap_holds_requests_back_and_records_the_wait():
     """arrival.max_concurrency on the engine clock: never more than the cap added and unfinished, each held-back
     request arriving as one ends, with the same tokens as without the cap."""
     from stallfree.engine import LLMEngine
-    from stallfree.loadgen.results.request_metrics import summarize
+    from stallfree.engine.records.request_metrics import summarize
     from stallfree.loadgen.results.run_dir import requests_frame
 
     engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual")
@@ -140,9 +140,9 @@ def test_inprocess_sessions_send_each_follow_up_after_the_turn_before():
     """Chat sessions on the engine's clock: a follow-up arrives its think time after the turn before ended, the
     history it resends is served from the prefix cache, and the summary has the per-session fields."""
     from stallfree.engine import LLMEngine
-    from stallfree.loadgen.results.request_metrics import summarize
+    from stallfree.engine.records.request_metrics import summarize
+    from stallfree.engine.records.session_metrics import session_table
     from stallfree.loadgen.results.run_dir import requests_frame
-    from stallfree.loadgen.results.session_metrics import session_table
 
     engine = LLMEngine.from_kwargs(model="tiny", runner="simulated", clock="virtual", enable_prefix_caching=True)
     specs = build_workload({"kind": "poisson", "qps": 4.0}, {"kind": "chat_sessions", "turns": 3, "user_len": 40,

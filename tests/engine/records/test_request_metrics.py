@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stallfree.engine.records import RequestRecord
-from stallfree.loadgen.results.request_metrics import LATENCY_METRICS, summarize
+from stallfree.engine.records.request_metrics import LATENCY_METRICS, summarize
 from stallfree.loadgen.results.run_dir import (
     REQUESTS_SCHEMA,
     is_complete,
@@ -174,7 +174,7 @@ def queue_rows(rate: float, service_s: float, n: int, prompt: int = 10) -> list[
 
 
 def test_pace_summary_sees_a_server_fall_behind_and_one_keep_pace():
-    from stallfree.loadgen.results.request_metrics import UnloadedTtft
+    from stallfree.engine.records.request_metrics import UnloadedTtft
 
     unloaded = UnloadedTtft(intercept_ms=10.0 - 0.5 * 10, per_prompt_token_ms=0.5)  # 10 ms at 10 tokens
     kept = summarize(requests_frame(queue_rows(rate=5.0, service_s=0.1, n=100)), unloaded_ttft=unloaded)

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from stallfree.engine.records import BatchRecord
-from stallfree.loadgen.results.client_pace import client_pace
-from stallfree.loadgen.results.session_metrics import session_summary
+from stallfree.engine.records.client_pace import client_pace
+from stallfree.engine.records.session_metrics import session_summary
 
 PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 LATENCY_METRICS = ("ttft", "ttft_from_send", "tpot", "itl", "tbt", "e2el", "e2el_from_send",

@@ -1,4 +1,4 @@
-"""loadgen.results.server_summary: peaks, counter increases, the prefix-cache hit rate and the growing
+"""engine.records.server_summary: peaks, counter increases, the prefix-cache hit rate and the growing
 queue of a run's server series, on constructed series."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stallfree.loadgen.results.server_summary import counter_increase, queue_growing, series_summary
+from stallfree.engine.records.server_summary import counter_increase, queue_growing, series_summary
 
 T0 = 1_700_000_000.0
 
@@ -61,7 +61,7 @@ def test_queue_growth_needs_a_window_with_scrapes():
 
 
 def test_a_run_served_from_a_prefix_cache_gets_one_warning_line():
-    from stallfree.loadgen.results.server_summary import prefix_cache_warning
+    from stallfree.engine.records.server_summary import prefix_cache_warning
 
     warning = prefix_cache_warning({"server_prefix_cache_hit_rate": 0.86})
     assert warning.startswith("warning: the server served 86% of the prompt tokens from its prefix cache")
