@@ -14,7 +14,6 @@ is null for a policy that does not chunk.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from stallfree.analysis.vllm_format import read_vllm_results
 from stallfree.engine.records.batch_rows import BATCH_COLUMNS, read_batches
 from stallfree.engine.records.policies import POLICIES
 from stallfree.engine.records.request_metrics import request_metrics
+from stallfree.engine.records.run_summary import read_summary
 
 RUN_KEYS = ["experiment", "run_id", "scheduler", "chunk_size", "qps"]
 METRIC_COLUMNS = ["output_throughput", "p99_tbt_ms", "median_ttft_ms", "p99_ttft_ms",
@@ -66,8 +66,9 @@ def load_runs(source: Source) -> pd.DataFrame:
             continue
         dirs = run_dirs(path)
         for d in dirs:
-            record = json.loads((d / "summary.json").read_text())
-            records.append({"experiment": d.parent.name, "run_id": d.name, **record, "run_dir": str(d)})
+            record = read_summary(d / "summary.json").flat()
+            records.append({**record, "experiment": record["experiment"] or d.parent.name,
+                            "run_id": record["run_id"] or d.name, "run_dir": str(d)})
         covered = {d.parent for d in dirs}
         fallbacks += [pd.read_parquet(p).assign(run_dir=None)
                       for pattern in ("summary.parquet", "*/summary.parquet")

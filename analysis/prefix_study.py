@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from stallfree.analysis.load import label_configs
+from stallfree.engine.records.run_summary import read_summary
 
 KEYS = ["model", "workload", "slo_name", "config"]
 EXACT = "exact"
@@ -35,7 +36,7 @@ def _ttft_at_capacity(results_dir: Path, record: dict) -> float | None:
     summary = results_dir / record["experiment"] / max(passed, key=lambda p: p["qps"])["run_id"] / "summary.json"
     if not summary.is_file():
         summary = results_dir / max(passed, key=lambda p: p["qps"])["run_id"] / "summary.json"
-    return json.loads(summary.read_text()).get("median_ttft_ms") if summary.is_file() else None
+    return read_summary(summary).latency["ttft"].median if summary.is_file() else None
 
 
 def prefix_table(results_dir: str | Path) -> pd.DataFrame:

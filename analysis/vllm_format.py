@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from stallfree.engine.records.request_metrics import per_request_metrics
+from stallfree.engine.records.run_summary import read_summary
 
 # vLLM metric -> the stallfree summary metrics that hold it
 VLLM_METRICS = {"ttft": ("ttft_from_send",), "tpot": ("tpot",), "itl": ("itl",), "e2el": ("e2el_from_send",)}
@@ -63,7 +64,7 @@ def export_vllm(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
         run_dir = Path(run["run_dir"]) if isinstance(run["run_dir"], str) else None
         if run_dir is None or not (run_dir / "requests.parquet").is_file():
             continue
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_summary(run_dir / "summary.json").flat()
         result = to_vllm_result(summary, pd.read_parquet(run_dir / "requests.parquet"))
         path = out_dir / f"{run['run_id']}.json"
         path.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")

@@ -24,6 +24,7 @@ from pathlib import Path
 from stallfree.engine import LLMEngine
 from stallfree.engine.hydra_config import compose, engine_of
 from stallfree.engine.records.request_metrics import summarize
+from stallfree.engine.records.run_summary import RunSummary
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload
@@ -49,7 +50,8 @@ def probe(args: argparse.Namespace) -> dict:
     replayed, replay_cpu_s = time.perf_counter(), time.process_time() - cpu_start
     summary = summarize(requests_frame(result.records))
     with tempfile.TemporaryDirectory() as tmp:
-        write_run(tmp, "probe", config={}, requests=result.records, summary=summary, batches=result.batches)
+        write_run(tmp, "probe", config={}, requests=result.records, summary=RunSummary.from_flat(summary),
+                  batches=result.batches)
     done = time.perf_counter()
     replay_s = replayed - built
     return {"iterations": len(result.batches), "requests": len(specs), "completed": summary["completed"],

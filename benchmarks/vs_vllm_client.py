@@ -28,6 +28,7 @@ the venv it installed, whose Python runs vLLM's client.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -142,7 +143,7 @@ def measure_point(args: argparse.Namespace, name: str, engine_pid: int, url: str
     runs = []
 
     def record(client: str, i: int, figures: dict, monitor: CpuMonitor) -> None:
-        server_cpu = monitor.report.as_summary() if monitor.report else {}
+        server_cpu = dataclasses.asdict(monitor.report) if monitor.report else {}
         runs.append({"server": name, "qps": qps, "client": client, "run": i, "together": args.together, **figures,
                      **{f"server_{k}": server_cpu.get(k) for k in ("engine_cpu_share", "others_cpu_share",
                                                                       "load_avg_1m", "wall_s", "disturbed")}})

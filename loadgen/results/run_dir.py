@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -28,6 +27,7 @@ import yaml
 
 from stallfree.engine.records import BatchRecord, RequestRecord, arrow_schema, as_row
 from stallfree.engine.records.batch_rows import write_batches
+from stallfree.engine.records.run_summary import RunSummary, read_summary
 from stallfree.engine.records.writable import ResultsDirError
 
 MAX_RUN_ID_LEN = 180
@@ -69,20 +69,13 @@ def make_run_id(params: dict) -> str:
     return run_id
 
 
-def _json_value(value):
-    """summary.json values: numpy scalars as Python numbers, NaN as null."""
-    if hasattr(value, "item"):
-        value = value.item()
-    return None if isinstance(value, float) and math.isnan(value) else value
-
-
 def requests_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """The records as a DataFrame with the requests.parquet columns (what engine.records.request_metrics reads)."""
     return pd.DataFrame([as_row(r) for r in records], columns=REQUESTS_SCHEMA.names)
 
 
 def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests: Sequence[RequestRecord],
-              summary: dict, batches: list[BatchRecord] | None = None,
+              summary: RunSummary, batches: list[BatchRecord] | None = None,
               server_metrics: list[dict] | None = None) -> Path:
     """Write one run into ``exp_dir/.<run_id>.tmp-<pid>`` and rename it to ``exp_dir/<run_id>``.
 
@@ -105,8 +98,7 @@ def write_run(exp_dir: str | Path, run_id: str, *, config: dict | str, requests:
         if server_metrics is not None:
             pq.write_table(pa.Table.from_pylist(server_metrics, schema=SERVER_METRICS_SCHEMA),
                            tmp / "server_metrics.parquet")
-        clean = {key: _json_value(value) for key, value in summary.items()}
-        (tmp / "summary.json").write_text(json.dumps(clean, indent=2, default=str) + "\n")
+        (tmp / "summary.json").write_text(summary.to_json())
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
     return final
@@ -126,9 +118,9 @@ def rebuild_experiment_summary(exp_dir: str | Path) -> pd.DataFrame:
     rows = []
     for run_dir in sorted(p for p in exp_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if is_complete(run_dir):
-            summary = json.loads((run_dir / "summary.json").read_text())
+            summary = read_summary(run_dir / "summary.json").flat()
             rows.append({key: json.dumps(value) if isinstance(value, dict | list) else value
-                         for key, value in {"run_id": run_dir.name, **summary}.items()})
+                         for key, value in {**summary, "run_id": summary["run_id"] or run_dir.name}.items()})
     table = pd.DataFrame(rows)
     tmp = exp_dir / f".summary.parquet.tmp-{os.getpid()}"
     with _partial(tmp, exp_dir):

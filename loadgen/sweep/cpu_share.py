@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from stallfree.engine.records.summary_parts import CpuReport, Placement
 
 MIN_CPU_SHARE = 0.9
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -57,30 +59,6 @@ def _threads(pid: int) -> dict[int, tuple[int, int]]:
 def sample(pid: int) -> CpuSample:
     ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     return CpuSample(time.time(), _threads(pid), _process_cpu_s(pid), _process_cpu_s(os.getpid(), children=True), ticks)
-
-
-@dataclass
-class CpuReport:
-    # ran / (ran + waited runnable), over the engine's threads; None: it asked for nothing, or runs elsewhere
-    engine_cpu_share: float | None
-    engine_cpu_s: float | None  # None (as for the other engine fields): the engine runs elsewhere (target=url)
-    engine_run_delay_s: float | None
-    engine_threads: int | None
-    engine_cpu_per_thread_wall: float | None  # engine CPU time / (wall x threads)
-    # the load generator's CPU time, and that / all CPU time; None when it runs in the engine's process
-    loadgen_cpu_s: float | None
-    loadgen_cpu_share: float | None
-    # ran / (ran + waited runnable) over the load generator's threads, measured when the engine runs elsewhere
-    loadgen_sched_share: float | None
-    others_cpu_share: float  # busy CPU time of other processes / all CPU time
-    steal_share: float
-    load_avg_1m: float
-    wall_s: float
-    disturbed: bool
-    disturbed_reason: str | None  # which side got too little of the CPU it asked for
-
-    def as_summary(self) -> dict:
-        return asdict(self)
 
 
 def _ran_and_waited(start: CpuSample, end: CpuSample) -> tuple[float, float]:
@@ -137,19 +115,6 @@ def compare_client(start: CpuSample, end: CpuSample, min_share: float = MIN_CPU_
         loadgen_sched_share=share, others_cpu_share=max(0.0, total_s - idle_s - loadgen_s) / total_s,
         steal_share=steal, load_avg_1m=os.getloadavg()[0], wall_s=end.wall_s - start.wall_s,
         disturbed=reason is not None, disturbed_reason=reason)
-
-
-@dataclass
-class Placement:
-    """Where the load generator and the engine of a run could run, taken as the replay starts."""
-
-    # inprocess: the engine is this process, the load generator runs in its thread between steps;
-    # subprocess: a server this process started; external: a server it did not start (not looked at)
-    cpu_placement: str
-    loadgen_cpus: list[int]  # the CPUs the load generator may run on (its affinity)
-    loadgen_nice: int  # the nice value of the thread it replays in (target=http: + target.client_nice)
-    engine_cpus: list[int] | None  # the engine process's affinity; None: external, or the server is gone
-    engine_nice: int | None  # the nice value of its main thread; None as for engine_cpus
 
 
 def placement(in_process: bool, engine_pid: int | None, client_nice: int = 0) -> Placement:

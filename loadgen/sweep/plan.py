@@ -95,14 +95,14 @@ def plan_run(cfg: BenchConfig, capacity_slo: str | None = None, rerun: bool = Fa
         config = dataclasses.asdict(cfg)
         measured = {key: config[key] for key in MEASURED_SECTIONS} | {"engine": engine_identity(cfg)}
         point = {"scheduler": cfg.scheduler.policy, "chunk_size": chunk_size(cfg)}
-        labels = {"scheduler": cfg.scheduler.policy, "chunk_size": chunk_size(cfg), "model": cfg.model.model,
-                  "prefix_caching": cfg.cache.enable_prefix_caching}
+        labels = {"scheduler": cfg.scheduler.policy, "policy": cfg.scheduler.policy, "engine_label": None,
+                  "chunk_size": chunk_size(cfg), "model": cfg.model.model, "prefix_caching": cfg.cache.enable_prefix_caching}
     else:
         config = _server_config(cfg, server)
         measured = {key: config[key] for key in (*MEASURED_SECTIONS, "prompt_tokenizer")}
         point = {"engine": server.slug}
-        labels = {"scheduler": server.label, "chunk_size": None, "model": server.served_model,
-                  "engine_label": server.label, "prefix_caching": None}  # a running server's own: unknown here
+        labels = {"scheduler": server.label, "policy": None, "engine_label": server.label, "chunk_size": None,
+                  "model": server.served_model, "prefix_caching": None}  # a running server's own: unknown here
     measured = without_new_defaults(measured)
     measured["arrival"] = {k: v for k, v in measured["arrival"].items() if k != "qps"}  # in the id itself
     settings_digest = digest(measured)

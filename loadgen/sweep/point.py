@@ -12,7 +12,6 @@ before max_tokens (loadgen.results.output_lengths) are in the summary."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 from tqdm import tqdm
@@ -24,6 +23,7 @@ from stallfree.engine.records.request_metrics import (
     pipeline_summary,
     summarize,
 )
+from stallfree.engine.records.run_summary import RunSummary, read_summary
 from stallfree.engine.records.server_summary import prefix_cache_warning
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.config.schema import BenchConfig
@@ -108,7 +108,7 @@ def cpu_summary(report: CpuReport | None, virtual_time: bool, requests: int = 0)
     if report is None:
         return {"disturbed": None}
     per_request = None if report.loadgen_cpu_s is None or not requests else report.loadgen_cpu_s * 1e3 / requests
-    return {**report.as_summary(), "loadgen_cpu_ms_per_request": per_request,
+    return {**dataclasses.asdict(report), "loadgen_cpu_ms_per_request": per_request,
             "disturbed": report.disturbed and not virtual_time,
             "disturbed_reason": None if virtual_time else report.disturbed_reason}
 
@@ -133,7 +133,7 @@ def must_rerun(rerun: str, summary: dict) -> bool:
     point without the fields its keep-pace rules judge, or any run whose completion ratio was counted another
     way (measured by an earlier version), always is."""
     disturbed = bool(summary.get("disturbed") or summary.get("slo_reference_disturbed") or summary.get("failed_run"))
-    judged = summary.get("capacity_search") is not None or "completion_ratio" in summary
+    judged = summary.get("capacity_search") is not None or summary.get("completion_ratio") is not None
     outdated = judged and summary.get("completion_method") != COMPLETION_METHOD
     return outdated or rerun == "all" or (rerun == "disturbed" and disturbed)
 
@@ -142,7 +142,7 @@ def _kept_summary(plan: RunPlan, rerun: str) -> dict | None:
     """The summary of the point's complete run when it stands (must_rerun says no), else None."""
     if not is_complete(plan.run_dir):
         return None
-    summary = json.loads((plan.run_dir / "summary.json").read_text())
+    summary = read_summary(plan.run_dir / "summary.json").flat()
     return None if must_rerun(rerun, summary) else summary
 
 
@@ -181,7 +181,7 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                           f"{replay.records[0].error}); check the target (a server that died? its log is in "
                           f"{plan.exp_dir / '.logs'}). Nothing recorded")
     failure = target_failure(replay.records)
-    summary = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
+    flat = {"experiment": cfg.experiment_name, "run_id": plan.run_id, **plan.params, **slo,
                "prompt_form": target.request_shape.prompt_form, "ignore_eos": target.request_shape.ignore_eos,
                "failed_run": failure is not None, "failed_reason": failure,
                **summarize(requests_frame(replay.records), slo_tbt_ms=slo["slo_tbt_ms"],
@@ -194,12 +194,14 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                "workload_ideal_hit_rate": ideal_hit_rate(
                    [s.prompt_token_ids for s in sorted(specs, key=lambda s: s.send_offset_s)], cfg.cache.block_size),
                **dataclasses.asdict(where)}
+    run_summary = RunSummary.from_flat(flat, plan.run_id)
+    summary = run_summary.flat()
     with experiment_lock(plan.exp_dir):
         if (kept := _kept_summary(plan, cfg.rerun)) is not None:  # a parallel job measured it first: keep its run
             summary = kept
         else:
             run_dir = write_run(plan.exp_dir, plan.run_id, config=plan.config, requests=replay.records,
-                                summary=summary, batches=replay.batches,
+                                summary=run_summary, batches=replay.batches,
                                 server_metrics=None if replay.server_metrics is None else replay.server_metrics.rows)
             target.finalize(run_dir)
         rebuild_experiment_summary(plan.exp_dir)

@@ -7,6 +7,7 @@ import pytest
 from stallfree.analysis import load
 from stallfree.engine.records import RequestRecord
 from stallfree.engine.records.request_metrics import summarize
+from stallfree.engine.records.run_summary import RunSummary
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 
 T0 = 1000.0
@@ -24,7 +25,7 @@ def record(request_id: str, token_times: list[float], finish: float) -> RequestR
 def write_one_run(exp_dir, records: list[RequestRecord], **params) -> dict:
     summary = {"experiment": exp_dir.name, "run_id": "run", "scheduler": "vllm", "chunk_size": None, "qps": 1.0,
                **params, **summarize(requests_frame(records))}
-    write_run(exp_dir, "run", config={}, requests=records, summary=summary)
+    write_run(exp_dir, "run", config={}, requests=records, summary=RunSummary.from_flat(summary))
     return summary
 
 

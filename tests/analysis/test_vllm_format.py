@@ -12,6 +12,7 @@ from stallfree.analysis.report import main as report_main
 from stallfree.analysis.vllm_format import export_vllm
 from stallfree.engine.records import RequestRecord
 from stallfree.engine.records.request_metrics import summarize
+from stallfree.engine.records.run_summary import RunSummary
 from stallfree.loadgen.results.run_dir import requests_frame, write_run
 
 
@@ -35,7 +36,7 @@ def exported(tmp_path):
     summary = {"experiment": "exp", "run_id": "scheduler=vllm,qps=2.0", "scheduler": "vllm", "chunk_size": None,
                "qps": 2.0, "model": "tiny", "arrival": "poisson",
                **summarize(requests_frame(records), goodput="ttft:150 tpot:25")}
-    write_run(tmp_path / "exp", summary["run_id"], config={}, requests=records, summary=summary)
+    write_run(tmp_path / "exp", summary["run_id"], config={}, requests=records, summary=RunSummary.from_flat(summary))
     [path] = export_vllm(load.load_runs(tmp_path / "exp"), tmp_path / "vllm")
     return summary, json.loads(path.read_text()), path
 

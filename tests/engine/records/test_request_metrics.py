@@ -8,6 +8,7 @@ import pytest
 
 from stallfree.engine.records import RequestRecord
 from stallfree.engine.records.request_metrics import LATENCY_METRICS, summarize
+from stallfree.engine.records.run_summary import RunSummary
 from stallfree.loadgen.results.run_dir import (
     REQUESTS_SCHEMA,
     is_complete,
@@ -136,7 +137,7 @@ def test_write_run_round_trip_and_experiment_summary(tmp_path):
     rows = example_rows()
     summary = {"experiment": "exp", "run_id": "qps=1", "workload": {"kind": "fixed"},
                **summarize(requests_frame(rows))}
-    run_dir = write_run(tmp_path / "exp", "qps=1", config={"qps": 1}, requests=rows, summary=summary,
+    run_dir = write_run(tmp_path / "exp", "qps=1", config={"qps": 1}, requests=rows, summary=RunSummary.from_flat(summary),
                         batches=[example_batch_record()])
     assert is_complete(run_dir) and sorted(p.name for p in (tmp_path / "exp").iterdir()) == ["qps=1"]
     table = pq.read_table(run_dir / "requests.parquet")
@@ -148,7 +149,7 @@ def test_write_run_round_trip_and_experiment_summary(tmp_path):
 
     (tmp_path / "exp" / "incomplete").mkdir()  # a run that crashed before its summary
     (tmp_path / "exp" / ".qps=2.tmp-123").mkdir()  # one still being written
-    write_run(tmp_path / "exp", "qps=3", config="a: 1\n", requests=[], summary={"run_id": "qps=3", "qps": 3})
+    write_run(tmp_path / "exp", "qps=3", config="a: 1\n", requests=[], summary=RunSummary.from_flat({"run_id": "qps=3", "qps": 3}))
     table = rebuild_experiment_summary(tmp_path / "exp")
     assert table["run_id"].tolist() == ["qps=1", "qps=3"]
     assert pd.read_parquet(tmp_path / "exp" / "summary.parquet")["workload"].tolist()[0] == '{"kind": "fixed"}'

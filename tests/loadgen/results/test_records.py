@@ -7,6 +7,7 @@ import pytest
 
 from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.engine.records.arrow_schema import arrow_type
+from stallfree.engine.records.run_summary import RunSummary
 from stallfree.loadgen.results.run_dir import REQUESTS_SCHEMA, write_run
 
 EXPECTED_TYPES = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(),
@@ -43,7 +44,7 @@ def test_arrow_type_of_annotations(annotation, arrow):
 def test_records_round_trip_through_requests_parquet(tmp_path):
     records = [a_record(), a_record(request_id="r1", status="timeout", error="slow", server_token_times=None,
                                     num_preemptions=None, is_warmup=True)]
-    run_dir = write_run(tmp_path, "run", config={}, requests=records, summary={})
+    run_dir = write_run(tmp_path, "run", config={}, requests=records, summary=RunSummary.from_flat({}))
     table = pq.read_table(run_dir / "requests.parquet")
     assert table.schema == REQUESTS_SCHEMA
     assert [RequestRecord(**row) for row in table.to_pylist()] == records

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.records.run_summary import RunSummary
 from stallfree.engine.records.writable import ResultsDirError
 from stallfree.loadgen.config.checks import validate_cli
 from stallfree.loadgen.results.run_dir import is_complete, write_run
@@ -114,7 +115,7 @@ def test_a_write_that_fails_leaves_no_complete_run(monkeypatch, tmp_path):
 
     monkeypatch.setattr(Path, "write_text", full_disk)
     with pytest.raises(ResultsDirError, match="No space left on device.*free space"):
-        write_run(tmp_path, "run", config={"qps": 1}, requests=[], summary={"qps": 1})
+        write_run(tmp_path, "run", config={"qps": 1}, requests=[], summary=RunSummary.from_flat({"qps": 1}))
     assert not is_complete(tmp_path / "run") and list(tmp_path.iterdir()) == []
 
 

@@ -67,7 +67,7 @@ def test_a_url_contender_runs_its_points_and_capacity_search_on_the_fake_server(
     assert (record["capacity_qps"], record["bracketed"], record["hi_qps"]) == (16.0, False, None)
     summaries = {d.name: json.loads((d / "summary.json").read_text()) for d in run_dirs(tmp_path / "compare")}
     assert [summaries[run_id]["qps"] for run_id in record["run_ids"]] == [4.0, 8.0]
-    assert all("capacity_search" not in summaries[run_id] for run_id in record["run_ids"])
+    assert all(summaries[run_id]["capacity_search"] is None for run_id in record["run_ids"])
     assert sorted(s["qps"] for s in summaries.values() if s.get("capacity_search") == "relaxed") == [8.0, 16.0]
 
 
