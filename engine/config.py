@@ -2,13 +2,19 @@
 
 They are also the schema of the Hydra configs under ``conf/``: ``stallfree-serve``, ``stallfree-bench``
 and ``stallfree-profile`` compose each field as the key ``<section>.<field>`` (``cache.block_size``;
-engine.hydra_config.register_schema, which also checks the values: check_engine), so a field added here is
-a key of every command.
+engine.hydra_config.register_schema), so a field added here is a key of every command. Each section checks
+its ranges in ``__post_init__`` (a ConfigError naming the key), however it is made: from a composed config or
+from ``LLM(...)``'s keyword arguments.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from stallfree.engine.config_checks import is_number, require
+
+# Names the engine checks itself when it starts (their choices live with the code that uses them).
+MODEL_NAMES = ("model", "dtype", "device", "attention_backend", "runner", "clock")
 
 
 @dataclass
@@ -35,6 +41,15 @@ class ModelConfig:
     # false: torch's fixed thread count
     adaptive_cpu_threads: bool = True
 
+    def __post_init__(self) -> None:
+        for key in MODEL_NAMES:
+            require(bool(getattr(self, key)), f"model.{key}", "a non-empty string", getattr(self, key))
+        require(self.tokenizer is None or bool(self.tokenizer), "model.tokenizer",
+                "a tokenizer directory, a preset name or null", self.tokenizer)
+        require(self.max_model_len is None or self.max_model_len >= 2, "model.max_model_len",
+                "an integer >= 2 or null", self.max_model_len)
+        require(self.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", self.op_split_every)
+
 
 @dataclass
 class CacheConfig:
@@ -48,6 +63,18 @@ class CacheConfig:
     # share the KV blocks of prompt prefixes seen before and skip their prefill (engine/prefix_cache.py)
     enable_prefix_caching: bool = False
 
+    def __post_init__(self) -> None:
+        require(self.block_size >= 1, "cache.block_size", "an integer >= 1", self.block_size)
+        require(is_number(self.kv_memory_gib) and self.kv_memory_gib > 0, "cache.kv_memory_gib", "a number > 0",
+                self.kv_memory_gib)
+        utilization = self.gpu_memory_utilization
+        require(utilization is None or (is_number(utilization) and 0 < utilization <= 1),
+                "cache.gpu_memory_utilization", "a number in (0, 1] or null", utilization)
+        require(self.num_blocks is None or self.num_blocks >= 1, "cache.num_blocks", "an integer >= 1 or null",
+                self.num_blocks)
+        require(is_number(self.watermark) and 0 <= self.watermark < 1, "cache.watermark", "a number in [0, 1)",
+                self.watermark)
+
 
 @dataclass
 class SchedulerConfig:
@@ -55,6 +82,10 @@ class SchedulerConfig:
     chunk_size: int = 512  # token budget per iteration (sarathi, chunked_prefill)
     max_num_seqs: int = 128  # requests in a batch at most
     max_num_batched_tokens: int = 4096  # token budget of the vllm policy
+
+    def __post_init__(self) -> None:
+        for key in ("chunk_size", "max_num_seqs", "max_num_batched_tokens"):
+            require(getattr(self, key) >= 1, f"scheduler.{key}", "an integer >= 1", getattr(self, key))
 
 
 @dataclass
@@ -64,6 +95,12 @@ class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks that split each layer by attention heads and MLP columns
     pipeline_parallel_size: int = 1  # ranks that each run a contiguous stage of layers
     startup_timeout_s: float = 120.0  # for every rank to join (the error names the ranks that did not)
+
+    def __post_init__(self) -> None:
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            require(getattr(self, key) >= 1, f"parallel.{key}", "an integer >= 1", getattr(self, key))
+        require(is_number(self.startup_timeout_s) and self.startup_timeout_s > 0, "parallel.startup_timeout_s",
+                "a number > 0", self.startup_timeout_s)
 
     @property
     def world_size(self) -> int:

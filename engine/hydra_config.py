@@ -21,15 +21,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stallfree.engine.config import EngineConfig
-from stallfree.engine.config_checks import ConfigError, is_number, require
+from stallfree.engine.config_checks import ConfigError, require
 
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
 CONF_DIR = Path(str(importlib.resources.files("stallfree.conf")))
 # Cost models committed with the package (engine/fitting/cost_models/), named by file name in a setting.
 COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "fitting" / "cost_models"
-# Names the engine checks itself when it starts (their choices live with the code that uses them).
-MODEL_NAMES = ("model", "dtype", "device", "attention_backend", "runner", "clock")
 SCHEMA_NAME = "engine_schema"  # the first entry of conf/serve.yaml's, bench.yaml's and profile.yaml's defaults
 T = TypeVar("T")
 
@@ -80,39 +78,16 @@ def register_schema() -> None:
 
 
 def check_engine(config: EngineConfig) -> None:
-    """The ranges of an EngineConfig made from a composed config (ConfigError names the key);
-    ``model.cost_model`` must name a file or a committed cost model (kept as given: run ids hash it, and the
-    runner resolves it), and ``~`` in paths becomes the home directory. Choices the engine makes itself
-    (dtype, device, backend, runner, clock, policy) are checked by the engine as it starts."""
-    model, cache, scheduler = config.model, config.cache, config.scheduler
-    for key in MODEL_NAMES:
-        require(bool(getattr(model, key)), f"model.{key}", "a non-empty string", getattr(model, key))
-    require(model.tokenizer is None or bool(model.tokenizer), "model.tokenizer",
-            "a tokenizer directory, a preset name or null", model.tokenizer)
+    """What an EngineConfig made from a composed config needs beyond its sections' own range checks (each
+    section's ``__post_init__``): ``model.cost_model`` must name a file or a committed cost model (kept as given:
+    run ids hash it, and the runner resolves it), and ``~`` in paths becomes the home directory. Choices the
+    engine makes itself (dtype, device, backend, runner, clock, policy) are checked by the engine as it starts."""
+    model = config.model
     model.model = str(Path(model.model).expanduser())
     if model.tokenizer is not None:
         model.tokenizer = str(Path(model.tokenizer).expanduser())
-    require(model.max_model_len is None or model.max_model_len >= 2, "model.max_model_len",
-            "an integer >= 2 or null", model.max_model_len)
     if model.cost_model is not None:
         cost_model_file(model.cost_model, "model.cost_model")
-    require(model.op_split_every >= 0, "model.op_split_every", "an integer >= 0 (0: never)", model.op_split_every)
-    require(cache.block_size >= 1, "cache.block_size", "an integer >= 1", cache.block_size)
-    require(is_number(cache.kv_memory_gib) and cache.kv_memory_gib > 0, "cache.kv_memory_gib", "a number > 0",
-            cache.kv_memory_gib)
-    utilization = cache.gpu_memory_utilization
-    require(utilization is None or (is_number(utilization) and 0 < utilization <= 1), "cache.gpu_memory_utilization",
-            "a number in (0, 1] or null", utilization)
-    require(cache.num_blocks is None or cache.num_blocks >= 1, "cache.num_blocks", "an integer >= 1 or null",
-            cache.num_blocks)
-    require(is_number(cache.watermark) and 0 <= cache.watermark < 1, "cache.watermark", "a number in [0, 1)",
-            cache.watermark)
-    for key in ("chunk_size", "max_num_seqs", "max_num_batched_tokens"):
-        require(getattr(scheduler, key) >= 1, f"scheduler.{key}", "an integer >= 1", getattr(scheduler, key))
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        require(getattr(config.parallel, key) >= 1, f"parallel.{key}", "an integer >= 1", getattr(config.parallel, key))
-    require(is_number(config.parallel.startup_timeout_s) and config.parallel.startup_timeout_s > 0,
-            "parallel.startup_timeout_s", "a number > 0", config.parallel.startup_timeout_s)
 
 
 def engine_of(composed: Mapping) -> EngineConfig:
