@@ -24,6 +24,7 @@ import pandas as pd
 
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.records.client_pace import client_pace
+from stallfree.engine.records.quantile_bounds import p99_tbt_evidence
 from stallfree.engine.records.session_metrics import session_summary
 
 PERCENTILES = {"median": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
@@ -260,6 +261,7 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
         **client_pace(df),
         **pace_summary(df, unloaded_ttft),
         **session_summary(df),
+        **p99_tbt_evidence(tbt, len(done)),
         "slo_tbt_ms": slo_tbt_ms,
         "slo_ttft_ms": slo_ttft_ms,
         "slo_e2e_ms": slo_e2e_ms,

@@ -45,6 +45,13 @@ class SloSummary:
     slo_ttft_ms: float | None = None
     slo_e2e_ms: float | None = None
     slo_goodput: str | None = None  # the slo.goodput SLOs, e.g. "ttft:500 tpot:50"
+    # what the P99 TBT verdict rests on (engine/records/quantile_bounds.py): the token gaps and the ok requests
+    # they came from, and the order statistics that bound the true P99 with 95% confidence; a bound the samples
+    # are too few to give is None (an upper one needs about 370 gaps)
+    tbt_gaps: int | None = None
+    tbt_requests: int | None = None
+    p99_tbt_low_ms: float | None = None
+    p99_tbt_high_ms: float | None = None
 
 
 @dataclass
