@@ -64,6 +64,12 @@ class Point:
     failed_rules: list[str] = field(default_factory=list)  # loadgen.sweep.keep_pace rule names
     reason: str = ""  # the failed rules' values against their bounds (all rules' when it passed)
     disturbed: bool = False  # the run that decided the point was disturbed (loadgen.sweep.cpu_share)
+    tbt_gaps: int | None = None  # the token gaps its P99 TBT rests on
+    p99_tbt_low_ms: float | None = None  # the P99 TBT's 95% interval (engine/records/quantile_bounds.py)
+    p99_tbt_high_ms: float | None = None
+    # whether that interval lies on one side of the SLO (False: another draw could flip the TBT rule's verdict;
+    # None: no gaps)
+    tbt_verdict_sure: bool | None = None
 
 
 @dataclass
@@ -146,11 +152,21 @@ def backlogged(point: Point, previous_peak: int, peak: int) -> Point:
 def point_from_summary(summary: dict, slo_tbt_ms: float, capacity: CapacityGroup) -> Point:
     """A point judged by the rules of loadgen.sweep.keep_pace against the search's SLO."""
     results = checks(summary, slo_tbt_ms, capacity)
+    low, high = summary.get("p99_tbt_low_ms"), summary.get("p99_tbt_high_ms")  # None in summaries before them
     return Point(summary["qps"], all(r.passed for r in results), summary["p99_tbt_ms"],
                  summary["median_scheduling_delay_ms"], summary["failed"], summary["run_id"],
                  summary["completed"] + summary["failed"], summary["completion_ratio"],
                  summary["median_client_scheduling_delay_ms"], summary["client_scheduling_delay_growth_ms"],
-                 [r.rule for r in results if not r.passed], reason(results), bool(summary.get("disturbed")))
+                 [r.rule for r in results if not r.passed], reason(results), bool(summary.get("disturbed")),
+                 summary.get("tbt_gaps"), low, high, tbt_verdict_sure(low, high, slo_tbt_ms))
+
+
+def tbt_verdict_sure(low_ms: float | None, high_ms: float | None, slo_tbt_ms: float) -> bool | None:
+    """Whether the P99 TBT's interval lies on one side of the SLO: below it when its upper bound is, above it
+    when its lower bound is; None without gaps (no bounds)."""
+    if low_ms is None and high_ms is None:
+        return None
+    return (high_ms is not None and high_ms <= slo_tbt_ms) or (low_ms is not None and low_ms > slo_tbt_ms)
 
 
 def _write_atomic(path: Path, value) -> None:
@@ -249,6 +265,7 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
               "capacity": asdict(cfg.capacity),
               **{k: plan.params[k] for k in RUN_PARAMS},
               "disturbed_points": sum(p.disturbed for r in results for p in r.points),
+              "unsure_tbt_points": sum(p.tbt_verdict_sure is False for r in results for p in r.points),
               "points": [asdict(p) for r in results for p in r.points]}
     with experiment_lock(exp_dir):
         _write_atomic(record_path, record)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.loadgen.sweep.capacity_search import Point, probes_left, search
+from stallfree.loadgen.sweep.capacity_search import Point, probes_left, search, tbt_verdict_sure
 
 BIN = Path(sys.executable).parent
 
@@ -261,3 +261,14 @@ def test_an_outdated_cached_capacity_point_is_measured_again_and_the_new_summary
         targets.close()
     assert again["completion_method"] == COMPLETION_METHOD and again["completion_ratio"] != 0.123
     assert json.loads(summary_path.read_text())["completion_method"] == COMPLETION_METHOD
+
+
+@pytest.mark.parametrize("low, high, sure", [
+    (40.0, 90.0, True),  # the whole interval under the 100 ms SLO: a pass another draw keeps
+    (120.0, None, True),  # above it: a fail however few the gaps
+    (80.0, 130.0, False),  # straddling it: another draw could flip the verdict
+    (80.0, None, False),  # too few gaps for an upper bound: the pass is not sure
+    (None, None, None),  # no gaps
+])
+def test_a_tbt_verdict_is_sure_only_when_its_p99_interval_lies_on_one_side_of_the_slo(low, high, sure):
+    assert tbt_verdict_sure(low, high, 100.0) is sure
