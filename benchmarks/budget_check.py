@@ -13,7 +13,7 @@ against that machine's iteration times; it does not see what a served run adds (
 generator's CPU), which only a real run measures.
 
     python -m benchmarks.budget_check [--phases DIR] [--slos 32,64] [--qps 1] [--num-requests 48]
-        [--simulated engine/fitting/cost_models/small-cpu.json] [--out PATH]
+        [--simulated engine/simulator/fitting/cost_models/small-cpu.json] [--out PATH]
     # writes benchmarks/results/budget_check.json; the runs go to --results-dir (cached: a re-run resumes)
 """
 from __future__ import annotations

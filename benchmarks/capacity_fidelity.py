@@ -5,7 +5,7 @@ error of each simulated capacity.
 The simulated searches take the SLO's TBT bound in milliseconds from the real ones, so that the two
 differ only in the iterations' times, not in the decode probe that a relative SLO is scaled from.
 
-    python -m benchmarks.capacity_fidelity [--model small] [--cost-model engine/fitting/cost_models/small-cpu.json]
+    python -m benchmarks.capacity_fidelity [--model small] [--cost-model engine/simulator/fitting/cost_models/small-cpu.json]
     # writes benchmarks/results/capacity_fidelity.json; the runs go to --results-dir (cached: a re-run resumes)
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def capacity_search(args: argparse.Namespace, runner: str, policy: str, chunk_si
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small")
-    ap.add_argument("--cost-model", default="engine/fitting/cost_models/small-cpu.json")
+    ap.add_argument("--cost-model", default="engine/simulator/fitting/cost_models/small-cpu.json")
     ap.add_argument("--policies", default="vllm:512,sarathi:128", help="SCHEDULER:CHUNK_SIZE, comma-separated")
     ap.add_argument("--slo", default="relaxed")
     ap.add_argument("--num-requests", type=int, default=64)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from stallfree.engine import LLMEngine
 from stallfree.engine.device import cpu_description
-from stallfree.engine.fitting.profile import context_filling_prompts, feed_requests, random_requests
-from stallfree.engine.fitting.speed_check import measure_speed
 from stallfree.engine.records.request_metrics import pipeline_summary, summarize
 from stallfree.engine.simulator.fitted_pipeline import StageCostModels, stage_records
+from stallfree.engine.simulator.fitting.profile import context_filling_prompts, feed_requests, random_requests
+from stallfree.engine.simulator.fitting.speed_check import measure_speed
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload
@@ -45,7 +45,7 @@ TOLERANCE_PCT = 15.0  # the issue's target: simulated within 15% of real
 
 
 def stage_actual_over_predicted(records: list, models: StageCostModels) -> list[dict]:
-    """Each stage's speed check over this run's iterations (engine/fitting/speed_check.py: per kind, the median
+    """Each stage's speed check over this run's iterations (engine/simulator/fitting/speed_check.py: per kind, the median
     busy time over its cost model's prediction, and how many iterations): a diagnostic of where the simulated
     stages run long or short, never fed back into the simulation."""
     return [dataclasses.asdict(measure_speed(stage_records(records, stage), model))

@@ -1,7 +1,7 @@
 """Whole-prompt prefills up to ``max_model_len`` against the cost model the simulator uses: a lone prompt of each
 length (``vllm``: one prefill-only iteration) on the real engine, its time over the cost model's prediction.
 
-The speed check (engine/fitting/speed_check.py) runs prompts up to 512 tokens; ``vllm``'s tail under long
+The speed check (engine/simulator/fitting/speed_check.py) runs prompts up to 512 tokens; ``vllm``'s tail under long
 prompts is set by whole prompts of thousands. The cost model is the one ``runner=simulated`` profiles for this
 config (cached as ``stallfree-profile`` keeps it), or ``--cost-model``. Rounds alternate over the lengths.
 

@@ -7,7 +7,7 @@ It is an estimate of an engine at the hardware's limits, not a profile: ``fitted
 "roofline" and lists every assumption, and its residual spread is none. Replace it with
 ``stallfree-profile`` on the GPU when one is available.
 
-    python benchmarks/roofline_cost_model.py --config path/to/config.json --out engine/fitting/cost_models/NAME.json
+    python benchmarks/roofline_cost_model.py --config path/to/config.json --out engine/simulator/fitting/cost_models/NAME.json
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ slow. Each real point is the median of ``--real-repeats`` runs (one real P99 TBT
 and then 102 and 105 ms: a 1-QPS point's P99 sits at the edge of the few TBTs that prefills stall), and
 each simulated point the median of ``--sim-seeds`` runs that draw other residuals.
 
-    python -m benchmarks.simulator_fidelity [--model small] [--cost-model engine/fitting/cost_models/small-cpu.json]
+    python -m benchmarks.simulator_fidelity [--model small] [--cost-model engine/simulator/fitting/cost_models/small-cpu.json]
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from stallfree.engine import (
     check_speed,
     profile_cost_model,
 )
-from stallfree.engine.fitting.speed_check import measure_speed
 from stallfree.engine.records.request_metrics import summarize
+from stallfree.engine.simulator.fitting.speed_check import measure_speed
 from stallfree.loadgen.results.run_dir import requests_frame
 from stallfree.loadgen.targets.inprocess import replay
 from stallfree.loadgen.workload.request_specs import build_workload

@@ -252,7 +252,7 @@ def main() -> None:
                          "(one repeat = both runs, figures over both)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--servers", default="stallfree,vllm", help="any of stallfree, simulated, vllm")
-    ap.add_argument("--cost-model", default="engine/fitting/cost_models/small-cpu.json", help="for the simulated server")
+    ap.add_argument("--cost-model", default="engine/simulator/fitting/cost_models/small-cpu.json", help="for the simulated server")
     ap.add_argument("--out", default="benchmarks/results/vs_vllm_client.json")
     args = ap.parse_args()
     args.qps = [float(q) for q in args.qps.split(",")]

@@ -16,8 +16,8 @@ _EXPORTS = {
     "RequestOutput": "stallfree.engine.outputs", "BatchRecord": "stallfree.engine.records",
     "TokenLogprob": "stallfree.engine.request",
     "SCHEDULERS": "stallfree.engine.scheduler", "resolve_model_path": "stallfree.engine.model.presets",
-    "CostModel": "stallfree.engine.fitting.cost_model", "IterationFeatures": "stallfree.engine.fitting.cost_model",
-    "profile_cost_model": "stallfree.engine.fitting.profile", "check_speed": "stallfree.engine.fitting.speed_check",
+    "CostModel": "stallfree.engine.simulator.fitting.cost_model", "IterationFeatures": "stallfree.engine.simulator.fitting.cost_model",
+    "profile_cost_model": "stallfree.engine.simulator.fitting.profile", "check_speed": "stallfree.engine.simulator.fitting.speed_check",
     "first_lone_surrogate": "stallfree.engine.tokenizer", "choose_dtype": "stallfree.engine.device",
     "Deployment": "stallfree.engine.simulator.deployment",
 }
@@ -37,9 +37,6 @@ if TYPE_CHECKING:
     )
     from stallfree.engine.device import choose_dtype
     from stallfree.engine.engine import LLMEngine
-    from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
-    from stallfree.engine.fitting.profile import profile_cost_model
-    from stallfree.engine.fitting.speed_check import check_speed
     from stallfree.engine.llm import LLM
     from stallfree.engine.model.presets import resolve_model_path
     from stallfree.engine.outputs import RequestOutput
@@ -47,6 +44,9 @@ if TYPE_CHECKING:
     from stallfree.engine.request import RequestMetrics, RequestStatus, SamplingParams, TokenLogprob
     from stallfree.engine.scheduler import SCHEDULERS
     from stallfree.engine.simulator.deployment import Deployment
+    from stallfree.engine.simulator.fitting.cost_model import CostModel, IterationFeatures
+    from stallfree.engine.simulator.fitting.profile import profile_cost_model
+    from stallfree.engine.simulator.fitting.speed_check import check_speed
     from stallfree.engine.tokenizer import first_lone_surrogate
 
 

@@ -25,7 +25,7 @@ class ModelConfig:
     max_model_len: int | None = None  # default: the checkpoint's max_position_embeddings (capped at 4096)
     seed: int = 0  # sampling seed for requests without their own
     attention_backend: str = "auto"  # auto | sdpa | cpu_paged | flash_attn | triton
-    runner: str = "model"  # model (real forward pass) | simulated (engine/runner/simulated.py: a cost model)
+    runner: str = "model"  # model (real forward pass) | simulated (engine/simulator/simulated_runner.py: a cost model)
     # simulated: a CostModel JSON file (or the file name of one committed with the package); None: profile this
     # model's real runner once
     cost_model: str | None = None

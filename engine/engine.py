@@ -8,8 +8,6 @@ import logging
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
 from stallfree.engine.executor import make_executor
-from stallfree.engine.fitting.cost_model import CostModel
-from stallfree.engine.fitting.profile import resolve_cost_model
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
@@ -23,6 +21,8 @@ from stallfree.engine.runner.clock import Clock
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.simulator.fitting.cost_model import CostModel
+from stallfree.engine.simulator.fitting.profile import resolve_cost_model
 from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
 from stallfree.engine.utilization import make_meter
 
@@ -64,13 +64,10 @@ class LLMEngine:
         self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
         self.batches: BatchRunner
-        if self.simulation is not None:
-            num_blocks = cc.num_blocks or self.simulation.memory.num_blocks
-            self.runner = self.batches = self.simulation.runner
-            self.clock: Clock = self.simulation.clock
-        else:
-            self.runner, self.batches, self.clock, num_blocks = make_executor(
-                config, path, arch, self.max_model_len, self.dtype, self.device, self.eos_token_ids, cost_model)
+        self.clock: Clock
+        self.runner, self.batches, self.clock, num_blocks = make_executor(
+            config, path, arch, self.max_model_len, self.dtype, self.device, self.eos_token_ids, cost_model,
+            self.simulation)
         # which kernels run the linears, where a model runs in this process (not in workers or a simulation)
         self.linear_kernels: str | None = getattr(self.runner, "linear_kernels", None)
         kv_manager = PrefixCachingKVCacheManager if cc.enable_prefix_caching else KVCacheManager

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import json
+import logging
 import re
 import types
 import typing
@@ -26,10 +27,12 @@ from stallfree.engine.config_checks import ConfigError, require
 # The Hydra configs ship as package data of stallfree.conf (the conf/ folder): found the same way from a
 # checkout, an editable install or a wheel.
 CONF_DIR = Path(str(importlib.resources.files("stallfree.conf")))
-# Cost models committed with the package (engine/fitting/cost_models/), named by file name in a setting.
-COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "fitting" / "cost_models"
+# Cost models committed with the package (engine/simulator/fitting/cost_models/), named by file name in a setting.
+COST_MODELS_DIR = Path(str(importlib.resources.files("stallfree.engine"))) / "simulator" / "fitting" / "cost_models"
+OLD_COST_MODELS_DIR = "engine/fitting/cost_models"  # their folder before fitting moved into the simulator (CHANGELOG)
 SCHEMA_NAME = "engine_schema"  # the first entry of conf/serve.yaml's, bench.yaml's and profile.yaml's defaults
 T = TypeVar("T")
+logger = logging.getLogger("stallfree.engine")
 
 
 def override(key: str, value: object) -> str:
@@ -58,6 +61,10 @@ def cost_model_file(value: object, key: str) -> str:
     committed = sorted(p.name for p in COST_MODELS_DIR.glob("*.json"))
     if isinstance(value, str) and Path(value).expanduser().is_file():
         return str(Path(value).expanduser())
+    if isinstance(value, str) and Path(value).parent.as_posix().endswith(OLD_COST_MODELS_DIR):
+        logger.warning("%s: %s moved to %s; reading the committed %s", key, OLD_COST_MODELS_DIR,
+                       "engine/simulator/fitting/cost_models", Path(value).name)
+        value = Path(value).name
     require(isinstance(value, str) and value in committed, key, f"a cost model JSON file or one of {committed}",
             value)
     return str(COST_MODELS_DIR / value)

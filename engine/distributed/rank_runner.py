@@ -10,7 +10,7 @@ from stallfree.engine.distributed.groups import RankGroups
 from stallfree.engine.distributed.layout import RankLayout
 from stallfree.engine.model.stages import PipelineStage
 from stallfree.engine.model.tensor_parallel import TensorParallel
-from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
+from stallfree.engine.runner.factory import RunnerSetup, build_model_runner
 from stallfree.engine.runner.model_runner import ModelRunner
 
 
@@ -36,5 +36,4 @@ def build_rank_runner(setup: RunnerSetup, layout: RankLayout, rank: int, groups:
         torch.cuda.set_device(device)
     stage = None if layout.pipeline_parallel_size == 1 else PipelineStage.of(
         setup.arch.num_layers, layout.pp_rank(rank), layout.pipeline_parallel_size)
-    runner, _ = RUNNERS["model"](dataclasses.replace(setup, device=device, tensor_parallel=tp, pipeline_stage=stage))
-    return runner
+    return build_model_runner(dataclasses.replace(setup, device=device, tensor_parallel=tp, pipeline_stage=stage))

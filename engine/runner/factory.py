@@ -1,9 +1,7 @@
-"""Build the runner and clock that ``model.runner`` / ``model.clock`` name: one builder per runner kind,
-registered in ``RUNNERS``. Nothing here profiles: a simulated runner gets its cost model resolved before
-the engine is built (engine/fitting/profile.py:resolve_cost_model)."""
+"""Build the model runner (a real forward pass) of one process, or of one rank of a distributed engine, from
+what the engine knows of it (``RunnerSetup``). Which runner an engine gets is chosen in engine/executor.py."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,20 +9,14 @@ import torch
 
 from stallfree.engine.attention import make_attention_backend
 from stallfree.engine.config import EngineConfig
-from stallfree.engine.config_checks import require
 from stallfree.engine.device import choose_dtype
-from stallfree.engine.fitting.cost_model import CostModel
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.loader import load_model
 from stallfree.engine.model.stages import PipelineStage
 from stallfree.engine.model.tensor_parallel import TensorParallel
-from stallfree.engine.registry import Registry
-from stallfree.engine.runner.base import Runner
-from stallfree.engine.runner.clock import CLOCKS, Clock, VirtualClock, WallClock
 from stallfree.engine.runner.cpu_threads import CpuThreads
 from stallfree.engine.runner.kv_sizing import Baseline, CudaMemoryProbe
 from stallfree.engine.runner.model_runner import ModelRunner
-from stallfree.engine.runner.simulated import SimulatedRunner
 from stallfree.engine.scheduler import SCHEDULERS
 
 
@@ -40,12 +32,8 @@ class RunnerSetup:
     dtype: torch.dtype
     device: torch.device
     eos_token_ids: set[int]
-    cost_model: CostModel | None  # the simulated runner's, resolved before the engine is built
     tensor_parallel: TensorParallel | None = None  # this rank's shard (engine/distributed/); None: the whole model
     pipeline_stage: PipelineStage | None = None  # this rank's layers (engine/distributed/); None: all of them
-
-
-RUNNERS: Registry[Callable[[RunnerSetup], tuple[Runner, Clock]]] = Registry("model.runner")
 
 
 def max_tokens_per_iteration(config: EngineConfig) -> int:
@@ -55,15 +43,7 @@ def max_tokens_per_iteration(config: EngineConfig) -> int:
     return sc.chunk_size if SCHEDULERS[sc.policy].chunked else sc.max_num_batched_tokens
 
 
-def make_runner(config: EngineConfig, path: Path, arch: ArchConfig, *, max_model_len: int, num_blocks: int | None,
-                dtype: torch.dtype, device: torch.device, eos_token_ids: set[int],
-                cost_model: CostModel | None = None) -> tuple[Runner, Clock]:
-    setup = RunnerSetup(config, path, arch, max_model_len, num_blocks, dtype, device, eos_token_ids, cost_model)
-    return RUNNERS[config.model.runner](setup)
-
-
-@RUNNERS.register("model")
-def model_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
+def build_model_runner(s: RunnerSetup) -> ModelRunner:
     mc, arch = s.config.model, s.arch
     memory = None
     if s.num_blocks is None:
@@ -86,14 +66,5 @@ def model_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
                          op_split_every=mc.op_split_every,
                          cpu_threads=CpuThreads() if s.device.type == "cpu" and mc.adaptive_cpu_threads and whole
                          else None)
-    return runner, WallClock()
+    return runner
 
-
-@RUNNERS.register("simulated")
-def simulated_runner(s: RunnerSetup) -> tuple[Runner, Clock]:
-    mc = s.config.model
-    clock = CLOCKS[mc.clock]()
-    require(s.cost_model is not None, "model.cost_model",
-            "set for runner=simulated, or the engine built with LLMEngine.from_config (which profiles one)", None)
-    virtual = clock if isinstance(clock, VirtualClock) else None  # without one the runner sleeps
-    return SimulatedRunner(s.cost_model, s.arch.vocab_size, s.eos_token_ids, virtual, mc.seed), clock

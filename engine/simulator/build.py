@@ -1,6 +1,6 @@
-"""From an engine config with a ``model.deployment`` block to what LLMEngine needs: the architecture the
-engine checks requests against (from the model shape: no checkpoint, no tokenizer), the KV blocks of the
-memory plan, and the runner with the virtual clock it advances."""
+"""From an engine config with a ``model.deployment`` block to what LLMEngine needs before its runner is built
+(engine/executor.py): the deployment resolved, the architecture the engine checks requests against (from the
+model shape: no checkpoint, no tokenizer) and the KV blocks of the memory plan."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.model.arch import ArchConfig
-from stallfree.engine.runner.clock import VirtualClock
-from stallfree.engine.simulator.deployment import Deployment
-from stallfree.engine.simulator.deployment_runner import DeploymentRunner
+from stallfree.engine.simulator.deployment import Deployment, Resolved
 from stallfree.engine.simulator.memory_plan import MemoryPlan, plan_memory
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -19,10 +17,9 @@ DEFAULT_MAX_MODEL_LEN = 8192
 @dataclass(frozen=True)
 class Simulation:
     deployment: Deployment
+    resolved: Resolved
     arch: ArchConfig
     memory: MemoryPlan
-    runner: DeploymentRunner
-    clock: VirtualClock
 
 
 def arch_from_shape(shape, max_model_len: int) -> ArchConfig:
@@ -43,6 +40,4 @@ def build_simulation(config: EngineConfig) -> Simulation:
     resolved = deployment.resolve()
     arch = arch_from_shape(resolved.shape, mc.max_model_len or DEFAULT_MAX_MODEL_LEN)
     memory = plan_memory(deployment, resolved.shape, resolved.gpu, config.cache.block_size)
-    clock = VirtualClock()
-    runner = DeploymentRunner(deployment, resolved, mc.seed, clock, mc.op_split_every)
-    return Simulation(deployment, arch, memory, runner, clock)
+    return Simulation(deployment, resolved, arch, memory)

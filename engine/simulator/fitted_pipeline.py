@@ -2,7 +2,7 @@
 that stage's busy seconds in a real pipelined run (the ``stage_busy_s`` of its BatchRecords), and its time to
 take each micro-batch drawn from that run's hand-offs (``stage_handoff_s``).
 
-``StageCostModels`` is one ``CostModel`` (engine/fitting/cost_model.py) and one hand-off distribution per
+``StageCostModels`` is one ``CostModel`` (engine/simulator/fitting/cost_model.py) and one hand-off distribution per
 stage, saved as one JSON file; an engine with ``model.runner=simulated``, ``model.clock=virtual``,
 ``pipeline_parallel_size=PP`` and ``model.cost_model`` naming such a file runs the same schedulers over a
 ``FittedPipelineRunner`` of PP stages.
@@ -15,10 +15,14 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures, evenly_spaced_quantiles
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.simulator.fitting.cost_model import (
+    CostModel,
+    IterationFeatures,
+    evenly_spaced_quantiles,
+)
 from stallfree.engine.simulator.simulated_pipeline import SimulatedPipeline
 
 
@@ -77,7 +81,7 @@ class FittedPipelineRunner(SimulatedPipeline):
                  clock: VirtualClock):
         super().__init__(len(models.stages), len(models.stages), clock, stamped_when_popped=True)
         self.models, self.rng = models, random.Random(seed)
-        # Sampled ids avoid EOS, so every request runs to its max_tokens, as in engine/runner/simulated.py.
+        # Sampled ids avoid EOS, so every request runs to its max_tokens, as in engine/simulator/simulated_runner.py.
         self.token_ids = [t for t in range(vocab_size) if t not in eos_token_ids]
 
     def stage_seconds(self, output: SchedulerOutput) -> tuple[list[float], float]:

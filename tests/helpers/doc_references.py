@@ -1,6 +1,6 @@
 """File and symbol references in the docs, configs and source comments, and whether they exist.
 
-A file reference is a repository path such as ``engine/runner/simulated.py`` (a ``{a,b}`` group names
+A file reference is a repository path such as ``engine/simulator/simulated_runner.py`` (a ``{a,b}`` group names
 several files; ``:123`` or ``:name`` may follow). A symbol reference is a dotted name in backticks that
 starts at one of the installed packages (`` `stallfree.engine.server.start_server` ``) or a path followed by
 ``:name`` (``loadgen/sweep/capacity_search.py:search``). Symbols are looked up in the source without importing it.

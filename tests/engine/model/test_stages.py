@@ -11,7 +11,7 @@ from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.loader import read_checkpoint, weight_files
 from stallfree.engine.model.stages import PipelineStage, stage_layer_counts
 from stallfree.engine.runner.batch_prep import prepare_host_batch, to_device
-from stallfree.engine.runner.factory import RUNNERS, RunnerSetup
+from stallfree.engine.runner.factory import RunnerSetup, build_model_runner
 from stallfree.engine.scheduler import ScheduledUnit, SchedulerOutput
 from stallfree.engine.simulator.deployment import Deployment
 
@@ -41,9 +41,9 @@ def test_a_stage_names_only_its_weights():
 def stage_runners(path, num_stages: int) -> list:
     arch = ArchConfig.from_dir(path)
     config = EngineConfig.from_kwargs(model=str(path), dtype="float32", block_size=BLOCK_SIZE)
-    setup = RunnerSetup(config, path, arch, 256, 32, torch.float32, torch.device("cpu"), set(), None)
-    return [RUNNERS["model"](dataclasses.replace(setup, pipeline_stage=PipelineStage.of(arch.num_layers, i,
-                                                                                        num_stages)))[0]
+    setup = RunnerSetup(config, path, arch, 256, 32, torch.float32, torch.device("cpu"), set())
+    return [build_model_runner(dataclasses.replace(setup, pipeline_stage=PipelineStage.of(arch.num_layers, i,
+                                                                                          num_stages)))
             for i in range(num_stages)]
 
 

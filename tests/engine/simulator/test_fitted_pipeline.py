@@ -7,11 +7,11 @@ import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.config_checks import ConfigError
-from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.scheduler.output import ScheduledUnit, SchedulerOutput
 from stallfree.engine.simulator.fitted_pipeline import FittedPipelineRunner, StageCostModels
+from stallfree.engine.simulator.fitting.cost_model import CostModel, IterationFeatures
 
 STAGE_S = ((0.002, 1e-5), (0.004, 2e-5))  # per stage: seconds per iteration, per prefill token
 

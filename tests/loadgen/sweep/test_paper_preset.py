@@ -14,7 +14,7 @@ from stallfree.engine.model.presets import hf_config
 from tests.helpers.paths import ROOT
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
-COST_MODEL = ROOT / "engine" / "fitting" / "cost_models" / "mistral-7b-h200-roofline.json"
+COST_MODEL = ROOT / "engine" / "simulator" / "fitting" / "cost_models" / "mistral-7b-h200-roofline.json"
 
 
 def test_committed_roofline_cost_model_matches_the_shape_and_the_h200_limits():

@@ -10,7 +10,7 @@ from stallfree.loadgen.sweep.slo import decode_steps_ms, resolve_slo
 from stallfree.loadgen.targets.base import Replay
 from tests.helpers.paths import ROOT
 
-COST_MODEL = ROOT / "engine" / "fitting" / "cost_models" / "small-cpu.json"
+COST_MODEL = ROOT / "engine" / "simulator" / "fitting" / "cost_models" / "small-cpu.json"
 
 
 def config(*overrides: str):

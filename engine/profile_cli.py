@@ -1,7 +1,7 @@
 """``stallfree-profile``: run a model's real runner over the profile's iteration shapes, fit its cost model
 and write it as JSON, for ``model.runner=simulated model.cost_model=PATH``.
 
-    stallfree-profile model=small output=engine/fitting/cost_models/small-cpu.json
+    stallfree-profile model=small output=engine/simulator/fitting/cost_models/small-cpu.json
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ USAGE = f"""usage: {PROG} output=PATH [model=tiny|small|path model.model=DIR] [n
 
 Hydra overrides of conf/profile.yaml (the model group and engine keys are the ones stallfree-bench uses). Profiles on the
 model's device (model.device), writes the cost model with what it was fitted on and its held-out error.
-With recheck=PATH it profiles nothing: a speed check of a few seconds (engine/fitting/speed_check.py)
+With recheck=PATH it profiles nothing: a speed check of a few seconds (engine/simulator/fitting/speed_check.py)
 rescales the cost model at PATH to how fast the model's real runner runs now, and writes it to output."""
 
 

@@ -1,6 +1,6 @@
 """stallfree-profile recheck=PATH: a cost model rescaled by a speed check, or a one-line error."""
 from stallfree.engine import CostModel
-from stallfree.engine.fitting.profile_cli import main
+from stallfree.engine.profile_cli import main
 from tests.helpers.engine import FIXED
 
 

@@ -91,7 +91,7 @@ class CostModel:
     fitted_on: dict = field(default_factory=dict)  # model, device, dtype, backend, threads, records, date, ...
     holdout_error: dict = field(default_factory=dict)  # relative error on iterations left out of the fit
     # per kind (RESIDUAL_KINDS), how much slower than fitted the runner ran at its last speed check
-    # (engine/fitting/speed_check.py); predictions are scaled by it, 1.0 where absent
+    # (engine/simulator/fitting/speed_check.py); predictions are scaled by it, 1.0 where absent
     speed_factors: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):

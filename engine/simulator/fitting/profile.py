@@ -19,12 +19,12 @@ import torch
 from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import cpu_description
-from stallfree.engine.fitting.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 from stallfree.engine.hydra_config import cost_model_file
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import CLOCKS
 from stallfree.engine.runner.cpu_threads import quiet_threads
+from stallfree.engine.simulator.fitting.cost_model import COST_MODEL_VERSION, ENGINE_REVISION, CostModel
 
 PROFILE_POLICIES = (("vllm", None), ("sarathi", 128), ("sarathi", 512))
 WARMUP_ITERATIONS = 2  # the first iterations of an engine carry one-off costs (allocation, kernel builds)

@@ -5,9 +5,9 @@ import random
 import pytest
 
 from stallfree.engine import LLMEngine, check_speed
-from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
-from stallfree.engine.fitting.speed_check import MIN_KIND_ITERATIONS, measure_speed
-from tests.engine.runner.test_simulated import record
+from stallfree.engine.simulator.fitting.cost_model import CostModel, IterationFeatures
+from stallfree.engine.simulator.fitting.speed_check import MIN_KIND_ITERATIONS, measure_speed
+from tests.engine.simulator.test_simulated_runner import record
 from tests.helpers.engine import FIXED
 
 DECODE = IterationFeatures(0, 16, 0, 16 * 300)

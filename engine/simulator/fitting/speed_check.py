@@ -14,15 +14,20 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from stallfree.engine.fitting.cost_model import RESIDUAL_KINDS, CostModel, IterationFeatures, iteration_kind
-from stallfree.engine.fitting.profile import (
+from stallfree.engine.records import BatchRecord
+from stallfree.engine.simulator.fitting.cost_model import (
+    RESIDUAL_KINDS,
+    CostModel,
+    IterationFeatures,
+    iteration_kind,
+)
+from stallfree.engine.simulator.fitting.profile import (
     STAGGER_STEPS,
     WARMUP_ITERATIONS,
     ProfiledEngine,
     feed_requests,
     random_requests,
 )
-from stallfree.engine.records import BatchRecord
 
 CHECK_REQUESTS = 12  # about 60 decode and 12 prefill iterations: ~2-4 s of `small` on a 2-core CPU
 MIN_KIND_ITERATIONS = 5  # fewer iterations of a kind leave its factor at 1

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 import time
 
-from stallfree.engine.fitting.cost_model import CostModel, IterationFeatures
 from stallfree.engine.runner.clock import VirtualClock
 from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler.output import SchedulerOutput
+from stallfree.engine.simulator.fitting.cost_model import CostModel, IterationFeatures
 
 
 class SimulatedRunner:

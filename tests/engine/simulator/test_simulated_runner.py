@@ -6,8 +6,11 @@ import time
 import pytest
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.fitting.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
 from stallfree.engine.records import BatchRecord
+from stallfree.engine.runner.clock import VirtualClock
+from stallfree.engine.scheduler import ScheduledUnit, SchedulerOutput
+from stallfree.engine.simulator.fitting.cost_model import ENGINE_REVISION, CostModel, IterationFeatures
+from stallfree.engine.simulator.simulated_runner import SimulatedRunner
 from tests.helpers.engine import FIXED
 
 
@@ -163,7 +166,7 @@ def test_a_profile_of_an_older_engine_loads_with_a_warning_naming_it(tmp_path, c
     records = [record(*s, predicted(FIXED, record(*s, 0))) for s in random_shapes(40, seed=1)]
     CostModel.fit(records, fitted_on={"engine_revision": ENGINE_REVISION}).save(tmp_path / "current.json")
     CostModel.fit(records, fitted_on={}).save(tmp_path / "old.json")  # before revisions were recorded
-    with caplog.at_level("WARNING", logger="stallfree.engine.fitting.cost_model"):
+    with caplog.at_level("WARNING", logger="stallfree.engine.simulator.fitting.cost_model"):
         CostModel.load(tmp_path / "current.json")
         assert not caplog.text
         CostModel.load(tmp_path / "old.json")
@@ -220,7 +223,7 @@ def test_profiling_fits_the_real_runner_once(monkeypatch):
 def test_profile_requests_sample_as_the_load_generator_does_and_fill_the_context(monkeypatch):
     """Greedy, with ignore_eos: a profile that samples randomly measures a cost the studies never pay. Each
     policy's profile also holds a prompt as long as the context holds: vllm's longest whole-prompt prefill."""
-    from stallfree.engine.fitting.profile import profile_cost_model
+    from stallfree.engine.simulator.fitting.profile import profile_cost_model
 
     added: list[tuple[int, SamplingParams]] = []
     real_add = LLMEngine.add_request
@@ -255,3 +258,21 @@ def test_real_clock_sleeps_the_predicted_time(fixed_cost_model):
 def test_bad_simulator_settings_name_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLMEngine.from_kwargs(model="tiny", **kwargs)
+
+
+def unit(request_id, token_ids, computed, block_table, *, samples=True, is_prefill=True):
+    return ScheduledUnit(request_id=request_id, token_ids=token_ids, num_computed_tokens=computed,
+                         is_prefill=is_prefill, samples=samples, block_table=block_table,
+                         sampling_params=SamplingParams(max_tokens=4, temperature=0.0))
+
+
+def test_simulated_runner_charges_the_cost_model_and_samples_only_sampling_units():
+    cost = CostModel(coefficients={"intercept": 0.01, "num_prefill_tokens": 0.001, "num_decode_seqs": 0.002,
+                                   "decode_context_tokens": 1e-5})
+    clock = VirtualClock(start=100.0)
+    runner = SimulatedRunner(cost, vocab_size=50, eos_token_ids={2}, clock=clock, seed=0)
+    output = SchedulerOutput([unit("d", [7], 30, [0, 1, 2, 3], is_prefill=False),
+                              unit("p", list(range(40)), 0, [4, 5, 6, 7, 8], samples=False)])
+    sampled = runner.execute_model(output).sampled_token_ids
+    assert set(sampled) == {"d"} and sampled["d"] != 2 and 0 <= sampled["d"] < 50
+    assert clock() == pytest.approx(100.0 + 0.01 + 40 * 0.001 + 1 * 0.002 + 31 * 1e-5)
