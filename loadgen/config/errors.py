@@ -35,7 +35,9 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     the finalizer has returned. A bench interrupted while loading a tokenizer once kept running so."""
     while frame is not None:
         if frame.f_code.co_name == "__del__":
-            again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+            # to the main thread itself: a signal to the process may land on another thread, which leaves the
+            # main thread's sleep or read uninterrupted until it returns on its own
+            again = threading.Timer(0.01, signal.pthread_kill, (threading.main_thread().ident, signum))
             again.daemon = True
             again.start()
             return

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from stallfree.engine import EngineConfig
 from stallfree.engine.config_checks import ConfigError, is_int, is_number, require
 from stallfree.engine.hydra_config import CONF_DIR, check_engine, cost_model_file, register_schema, typed
-from stallfree.loadgen.config.search_groups import CapacityGroup, CompareGroup, positive
+from stallfree.loadgen.config.search_groups import CapacityGroup, CompareGroup, TuneGroup, positive
 
 register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, needs this module
-MODES = ("run", "capacity", "study", "compare")
+MODES = ("run", "capacity", "study", "compare", "tune")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
 DISPATCH_KEYS = ("max_concurrency",)
@@ -190,6 +190,7 @@ class BenchConfig(EngineConfig):
     rerun: str
     study: dict[str, Any] | None = None  # mode=study (loadgen.studies.catalog checks it)
     compare: CompareGroup | None = None  # mode=compare
+    tune: TuneGroup | None = None  # mode=tune
 
     def __post_init__(self) -> None:
         from stallfree.loadgen.workload.request_specs import is_text_workload
@@ -198,6 +199,15 @@ class BenchConfig(EngineConfig):
         require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
         require(self.mode != "compare" or self.compare is not None, "mode",
                 "'compare' only with +experiment=compare (it sets compare.qps)", self.mode)
+        require(self.mode != "tune" or self.tune is not None, "mode",
+                "'tune' only with +experiment=tune or stallfree-tune (it sets the tune group)", self.mode)
+        if self.mode == "tune" and self.tune.serve_cmd is None:
+            require(self.target.kind in ("inprocess", "http"), "target", "inprocess or http in mode=tune (the "
+                    "tuner sets our engine's settings; another server's are its launch flags: tune.serve_cmd)",
+                    self.target.kind)
+        if self.mode == "tune" and self.tune.serve_cmd is not None:
+            require(self.target.kind == "url", "target", "url with tune.serve_cmd (the command's server, started "
+                    "on target.url's port for each setting)", self.target.kind)
         require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
         positive("qps", self.qps)
         for key in ("num_requests", "repeats"):
@@ -215,7 +225,7 @@ class BenchConfig(EngineConfig):
         require(self.target.kind != "locust" or self.workload.lengths.get("kind") not in SESSION_KINDS,
                 "workload", "a workload without sessions with target=locust (its users send no follow-up turns)",
                 self.workload.name)
-        if self.mode in ("capacity", "compare"):  # both search a capacity
+        if self.mode in ("capacity", "compare", "tune"):  # all search a capacity
             require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
                     f"mode={self.mode}", self.arrival.kind)
             require(self.arrival.ramp_up_strategy is None, "arrival.ramp_up_strategy",

@@ -1,12 +1,13 @@
-"""The groups of the bench config that shape a search: ``capacity`` (mode=capacity and mode=compare) and
-``compare`` (mode=compare); and ``positive``, the range check the bench config's groups share."""
+"""The groups of the bench config that shape a search: ``capacity`` (mode=capacity, compare and tune),
+``compare`` (mode=compare) and ``tune`` (mode=tune); and ``positive``, the range check the bench config's groups share."""
 from __future__ import annotations
 
 import dataclasses
 import math
+import string
 from dataclasses import dataclass
 
-from stallfree.engine.config_checks import is_number, require
+from stallfree.engine.config_checks import ConfigError, is_int, is_number, require
 
 
 def positive(key: str, value: float | None, optional: bool = False) -> None:
@@ -66,3 +67,51 @@ class CompareGroup:
     def __post_init__(self) -> None:
         require(bool(self.qps) and all(is_number(q) and q > 0 for q in self.qps), "compare.qps",
                 "a non-empty list of numbers > 0", self.qps)
+
+
+@dataclass
+class TuneGroup:
+    """mode=tune (``stallfree-tune``, conf/experiment/tune.yaml; loadgen.sweep.tune): the grid of server settings
+    searched for the most capacity under the SLO, and how many of the best simulated ones are confirmed live."""
+
+    policies: list[str]
+    chunk_sizes: list[int]  # the token budgets of the chunked policies (the others admit whole prompts)
+    max_num_seqs: list[int] | None = None  # None: the config's scheduler.max_num_seqs only
+    confirm: int = 2  # the best simulated settings measured live (the config's own setting is measured too)
+    cost_model: str | None = None  # the simulation's; None: the model's cost model (model.cost_model or a profile)
+    max_minutes: float | None = None  # the live searches' budget: settings beyond it are dropped, named
+    # A server that is not ours, started once per setting with its settings as launch flags, e.g.
+    # "vllm serve DIR --port {port} --max-num-batched-tokens {chunk_size}" (loadgen.sweep.tune_serve)
+    serve_cmd: str | None = None
+
+    def __post_init__(self) -> None:
+        from stallfree.engine.records.policies import POLICIES
+
+        require(bool(self.policies) and all(p in POLICIES for p in self.policies), "tune.policies",
+                f"a non-empty list of {list(POLICIES)}", self.policies)
+        for key in ("chunk_sizes", "max_num_seqs"):
+            values = getattr(self, key)
+            require(values is None or (bool(values) and all(is_int(v) and v >= 1 for v in values)), f"tune.{key}",
+                    "a non-empty list of integers >= 1" + (" or null" if key == "max_num_seqs" else ""), values)
+        require(is_int(self.confirm) and self.confirm >= 0, "tune.confirm", "an integer >= 0", self.confirm)
+        positive("tune.max_minutes", self.max_minutes, optional=True)
+        if self.serve_cmd is not None:
+            keys = serve_keys(self.serve_cmd)
+            require("port" in keys, "tune.serve_cmd", "a command with {port} (where the server listens)",
+                    self.serve_cmd)
+            unknown = sorted(keys - set(SERVE_KEYS))
+            require(not unknown, "tune.serve_cmd", f"a command whose {{keys}} are among {list(SERVE_KEYS)}, which the "
+                    f"tune sets (not {unknown})", self.serve_cmd)
+            require("max_num_seqs" not in keys or self.max_num_seqs is not None, "tune.max_num_seqs",
+                    "a list for a tune.serve_cmd with {max_num_seqs}", self.max_num_seqs)
+
+
+SERVE_KEYS = ("port", "chunk_size", "max_num_seqs")  # what a tune.serve_cmd may name
+
+
+def serve_keys(command: str) -> set[str]:
+    """The ``{keys}`` of a command template; ConfigError for one that is not a template."""
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(command) if name is not None}
+    except ValueError as e:
+        raise ConfigError(f"tune.serve_cmd must be a command template ({e}), got {command!r}") from None

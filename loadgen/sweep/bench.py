@@ -6,7 +6,8 @@ LLMEngine in this process; ``http``, a ``stallfree-serve`` it starts; ``url``, a
 ``locust``, a headless Locust run) and writes ``<results_dir>/<experiment_name>/<run_id>/``
 (loadgen.sweep.point). ``mode=capacity`` runs a capacity search instead (loadgen.sweep.capacity_search), each of its
 points such a run; ``mode=compare`` (``+experiment=compare``) a contender's QPS points and then its capacity
-search (loadgen.sweep.side_by_side).
+search (loadgen.sweep.side_by_side); ``mode=tune`` (``stallfree-tune``) the setting with the most capacity,
+searched in simulation and confirmed live (loadgen.sweep.tune).
 
 Under the basic launcher the target is kept across the jobs of a sweep and replaced only when a
 engine key (``model.*``, ``cache.*``, ``scheduler.*``) changes; other launchers make one per job. Every run
@@ -29,6 +30,7 @@ from stallfree.loadgen.sweep.capacity_search import run_search
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.point import run_repeats
 from stallfree.loadgen.sweep.side_by_side import run_compare
+from stallfree.loadgen.sweep.tune import run_tune
 
 PROG = "stallfree-bench"
 INTERRUPTED = "interrupted; complete runs are kept: run the same command again to resume"
@@ -47,6 +49,8 @@ def _run(bench: BenchConfig) -> None:
         run_search(bench, _targets)
     elif bench.mode == "compare":  # engines side by side (+experiment=compare)
         run_compare(bench, _targets)
+    elif bench.mode == "tune":  # the setting with the most capacity (+experiment=tune, stallfree-tune)
+        run_tune(bench, _targets)
     elif bench.mode == "study":  # the characterisation studies (+experiment=phases, chunking, tiles)
         from stallfree.loadgen.studies import run_study  # torch: only once a study runs (--help stays fast)
 
@@ -84,6 +88,12 @@ def main() -> None:
 def capacity_main() -> None:
     """``stallfree-capacity ARGS``: ``stallfree-bench ARGS +experiment=capacity``."""
     sys.argv.append("+experiment=capacity")  # after any -m: Hydra takes overrides in one run
+    main()
+
+
+def tune_main() -> None:
+    """``stallfree-tune ARGS``: ``stallfree-bench ARGS +experiment=tune``."""
+    sys.argv.append("+experiment=tune")
     main()
 
 

@@ -9,7 +9,7 @@ share a core or the GIL with the load generator under test:
 
 ``"model": "fake-status-<code>"`` in a request makes it answer with that HTTP error instead.
 
-It describes itself as a server elsewhere does: ``GET /version`` answers ``{"version": VERSION}``, ``GET /v1/models``
+It describes itself as a server elsewhere does: ``GET /health`` answers 200, ``GET /version`` answers ``{"version": VERSION}``, ``GET /v1/models``
 lists MODEL owned by OWNER, and every response carries a ``Server`` header. Behaviours of servers other than
 stallfree's, for the harness's tests: ``--stop-after N`` ends every stream after at most N tokens (finish_reason
 "stop"), as a server that ignores ``ignore_eos`` does; ``--reject-token-ids`` / ``--reject-ignore-eos`` answer a
@@ -172,6 +172,8 @@ def _describe(path: str, state: FakeState) -> bytes:
         return f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data
     if path == "/version":
         return _json_response(200, {"version": behaviour.version}, behaviour.server_header)
+    if path == "/health":
+        return _json_response(200, {}, behaviour.server_header)
     if path == "/v1/models":
         models = [{"id": behaviour.model, "object": "model", "owned_by": behaviour.owned_by}]
         return _json_response(200, {"object": "list", "data": models}, behaviour.server_header)
@@ -208,10 +210,10 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
     writer.close()
 
 
-async def _main(ttft_ms: float, tbt_ms: float, behaviour: FakeBehaviour) -> None:
+async def _main(ttft_ms: float, tbt_ms: float, behaviour: FakeBehaviour, port: int = 0) -> None:
     state = FakeState(behaviour)
     server = await asyncio.start_server(
-        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, state), "127.0.0.1", 0,
+        lambda r, w: _serve_connection(r, w, ttft_ms / 1e3, tbt_ms / 1e3, state), "127.0.0.1", port,
         backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     await server.serve_forever()
@@ -267,9 +269,10 @@ if __name__ == "__main__":
     parser.add_argument("--reject-ignore-eos", action="store_true")
     parser.add_argument("--max-running", type=int, default=0, help="streams at once; more wait (0: no cap)")
     parser.add_argument("--metrics", choices=METRICS_MODES, default="vllm")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
     args = parser.parse_args()
     fake = FakeBehaviour(args.model, args.owned_by, args.version, args.server_header, args.stop_after,
                          args.reject_token_ids, args.reject_ignore_eos, args.die_after, args.max_running,
                          args.metrics)
     with realtime_priority():
-        asyncio.run(_main(args.ttft_ms, args.tbt_ms, fake))
+        asyncio.run(_main(args.ttft_ms, args.tbt_ms, fake, args.port))
