@@ -20,11 +20,13 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def timed(cmd: list[str]) -> float:
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """The command's wall time and how many runs it measured (not read back from the cache: a resumed
+    benchmark's times are not the searches' own)."""
     print("$ " + " ".join(cmd), flush=True)
     start = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.monotonic() - start
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
+    return time.monotonic() - start, done.stdout.count("[done]")
 
 
 def grid_search(args: argparse.Namespace, slo: str, reference_ms: float | None, row: dict) -> dict:
@@ -35,13 +37,14 @@ def grid_search(args: argparse.Namespace, slo: str, reference_ms: float | None, 
     cmd = [str(BIN / "stallfree-capacity"), *args.common, f"slo={slo}", *pinned, f"experiment_name={experiment}",
            f"results_dir={args.results_dir}", "hydra.mode=RUN", f"scheduler={row['policy']}", *chunk,
            f"scheduler.max_num_seqs={row['max_num_seqs']}"]
-    seconds = timed(cmd)
+    seconds, measured = timed(cmd)
     [record] = json.loads((Path(args.results_dir) / experiment / "capacity.json").read_text())
-    return {**{k: record[k] for k in ("capacity_qps", "capacity_bound", "capacity_display")}, "wall_s": seconds}
+    return {**{k: record[k] for k in ("capacity_qps", "capacity_bound", "capacity_display")}, "wall_s": seconds,
+            "runs_measured": measured}
 
 
 def one_slo(args: argparse.Namespace, slo: str) -> dict:
-    tune_s = timed([str(BIN / "stallfree-tune"), *args.common, f"slo={slo}", f"experiment_name=tune-{slo}",
+    tune_s, tune_runs = timed([str(BIN / "stallfree-tune"), *args.common, *args.grid, f"slo={slo}", f"experiment_name=tune-{slo}",
                     f"results_dir={args.results_dir}"])
     tune = json.loads((Path(args.results_dir) / f"tune-{slo}" / "tune.json").read_text())
     reference = tune["slo"]["decode_iter_ms"] if tune["slo"]["slo_reference_method"] != "absolute" else None
@@ -52,7 +55,7 @@ def one_slo(args: argparse.Namespace, slo: str) -> dict:
     tuned_qps = recommended["measured_capacity_qps"] if recommended else None
     best_qps = grid[best_label]["capacity_qps"]
     result = {"slo": slo, "slo_tbt_ms": tune["slo"]["slo_tbt_ms"], "answer": tune["answer"],
-              "tune_wall_s": tune_s, "grid_wall_s": grid_s, "wall_ratio": tune_s / grid_s,
+              "tune_wall_s": tune_s, "tune_runs_measured": tune_runs, "grid_wall_s": grid_s, "wall_ratio": tune_s / grid_s,
               "recommended": tune["recommendation"], "recommended_measured_qps": tuned_qps,
               "recommended_grid_qps": grid.get(tune["recommendation"], {}).get("capacity_qps"),
               "grid_best": best_label, "grid_best_qps": best_qps,
@@ -74,9 +77,9 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/tune_vs_grid.json")
     args = ap.parse_args()
     args.common = [f"model={args.model}", "workload=arxiv", "num_requests=16", "capacity.min_duration_s=10",
-                   "capacity.start_qps=4", "capacity.tolerance=0.2", f"tune.chunk_sizes=[{args.chunk_sizes}]",
-                   f"tune.max_num_seqs=[{args.max_num_seqs}]"]
-    results = {"model": args.model, "common_args": args.common, "slos": []}
+                   "capacity.start_qps=4", "capacity.tolerance=0.2"]
+    args.grid = [f"tune.chunk_sizes=[{args.chunk_sizes}]", f"tune.max_num_seqs=[{args.max_num_seqs}]"]
+    results = {"model": args.model, "common_args": args.common, "grid_args": args.grid, "slos": []}
     for slo in args.slos:
         results["slos"].append(one_slo(args, slo))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

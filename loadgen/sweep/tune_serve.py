@@ -5,8 +5,8 @@ The grid is ``tune.chunk_sizes`` x ``tune.max_num_seqs``, each axis only where t
 (``{chunk_size}``, ``{max_num_seqs}``). It is searched best first: a coarse pass over every other value of each
 axis (and its last), then the neighbours of the best measured setting, again while the best moves. For each
 setting the command is started on ``target.url``'s port (loadgen.targets.server_process: its own process group,
-ready once ``GET /health`` answers), its capacity searched (loadgen.sweep.capacity_search, the runs labelled with
-the setting), and the server stopped with its whole process group, whatever happened. A setting whose server does
+ready once ``GET /health`` answers), its capacity searched (loadgen.sweep.capacity_search, the runs labelled ``target.label`` (else
+``served``) and the setting), and the server stopped with its whole process group, whatever happened. A setting whose server does
 not start, or exits during its search, is a row with its reason, and the search goes on. The SLO is resolved on
 the first server that starts and pinned for the others. ``tune.max_minutes`` ends the search once the next
 setting, at the mean wall time of those before it, would not fit: the settings left are named.
@@ -55,7 +55,7 @@ class ServedTune:
         self.cfg, self.targets, self.tune = cfg, targets, cfg.tune
         self.chunks, self.seqs = axes(self.tune)
         self.exp_dir = Path(cfg.results_dir) / cfg.experiment_name
-        self.program = Path(shlex.split(self.tune.serve_cmd)[0]).name
+        self.server_label = cfg.target.label or "served"  # a run's label: the server's, then the setting
         self.slo: dict | None = None
         self.measured: dict[Cell, dict] = {}  # capacity records
         self.failed: dict[Cell, str] = {}
@@ -92,7 +92,7 @@ class ServedTune:
                                                          max_num_seqs=setting.max_num_seqs))
         log = self.exp_dir / ".logs" / f"serve-{setting.label.replace(', ', '-').replace(' ', '')}.log"
         server = ServerProcess(command, self.cfg.target.url, log, startup_timeout_s=self.cfg.target.startup_timeout_s)
-        label = f"{self.program} {setting.label}"
+        label = f"{self.server_label} {setting.label}"
         print(f"[tune] live: {label}", flush=True)
         try:
             server.start()
