@@ -26,8 +26,6 @@ MODES = ("run", "capacity", "study", "compare", "tune")
 RERUN = ("none", "disturbed", "all")
 AUTO_SWITCH = ("auto", "true", "false")
 DISPATCH_KEYS = ("max_concurrency",)
-# loadgen.workload.sessions.SESSION_WORKLOADS and request_specs.TEXT_SESSION_WORKLOADS
-SESSION_KINDS = ("chat_sessions", "agentic_sessions", "sharegpt_sessions")  # arrival keys the dispatcher reads, not the send times' process
 OLD_CAP_TARGETS = ("http", "url")  # their target.max_in_flight is the old spelling of arrival.max_concurrency
 G = TypeVar("G")
 
@@ -222,9 +220,6 @@ class BenchConfig(EngineConfig):
                 "completions for a workload of token ids (chat needs a text workload: sharegpt, jsonl, sonnet)",
                 self.target.endpoint)
         self._settle_concurrency_cap()
-        require(self.target.kind != "locust" or self.workload.lengths.get("kind") not in SESSION_KINDS,
-                "workload", "a workload without sessions with target=locust (its users send no follow-up turns)",
-                self.workload.name)
         if self.mode in ("capacity", "compare", "tune"):  # all search a capacity
             require(self.arrival.qps is not None, "arrival", "a process driven by qps (poisson, gamma, constant) in "
                     f"mode={self.mode}", self.arrival.kind)

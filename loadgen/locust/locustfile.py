@@ -17,6 +17,9 @@ Users (name one on the command line, or pick one with --class-picker in the web 
 * OpenLoopUser, open loop: the OpenLoopUsers of a process dispatch its Poisson schedule of absolute send
   times; each request runs in its own greenlet, so arrivals never wait for responses. One user per
   process is enough (more only add dispatcher greenlets, not load).
+A session workload (--workload chat / agentic) sends each session's turns one after another, a follow-up its
+think time after the turn before it ended (loadgen.locust.process_run): LLMUser runs one session at a time,
+OpenLoopUser starts sessions at --qps.
 
 Distributed (--master / --worker, or --processes): each of the W = --expect-workers processes runs
 qps / W on its own seed (--seed, worker index), so together they offer --qps.
@@ -34,38 +37,27 @@ is on disk whatever order master and workers stop in (one host, or a shared dire
 --step-users (closed loop) or --step-qps (open loop) with --step-seconds installs StepShape, a
 LoadTestShape that steps the load through a list, for finding the knee by hand.
 
-The schedule lives in loadgen.locust.schedule, the request and its Locust event in loadgen.locust.user_request.
+The schedule lives in loadgen.locust.schedule, a process's run of it in loadgen.locust.process_run, the request and
+its Locust event in loadgen.locust.user_request.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
 import gevent
-from gevent import GreenletExit
-from gevent.pool import Group
 from locust import FastHttpUser, LoadTestShape, events, task
 from locust.argument_parser import LocustArgumentParser
-from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from stallfree.engine.records import RequestRecord, RequestSpec
-from stallfree.engine.records.client_pace import MAX_SCHEDULE_LAG_P99_MS
 from stallfree.loadgen.locust.llm_events import LiveEvents
 from stallfree.loadgen.locust.llm_stats import SLO_NAMES, slo_bounds
 from stallfree.loadgen.locust.llm_tab import install as install_llm_tab
-from stallfree.loadgen.locust.schedule import WORKLOADS, parse_numbers, process_specs, request_lengths
-from stallfree.loadgen.locust.user_request import fire, report, stream_completion
-from stallfree.loadgen.openai_client.completions import ResponseError
-
-DONE_MESSAGE = "stallfree_done"  # a process -> the master (or itself): all of its requests have ended
+from stallfree.loadgen.locust.process_run import DONE_MESSAGE, ProcessRun
+from stallfree.loadgen.locust.schedule import WORKLOADS, parse_numbers, request_lengths
 
 
 @events.init_command_line_parser.add_listener
@@ -101,75 +93,6 @@ def _add_options(parser: LocustArgumentParser) -> None:
     add("--rows-dir", default="", include_in_web_ui=False, help="write raw per-request rows here")
 
 
-class ProcessRun:
-    """One process's part of a test: its requests, schedule clock, requests in flight and rows file."""
-
-    def __init__(self, environment: Environment):
-        self.environment, self.opts = environment, environment.parsed_options
-        runner = environment.runner
-        self.index = runner.worker_index
-        workers = self.opts.expect_workers if isinstance(runner, WorkerRunner) else 1
-        self.specs, self.remaining = process_specs(self.opts, self.index, workers)
-        self.start_wall = self.start_mono = None  # the schedule's zero: the first dispatcher's start
-        self.in_flight = Group()
-        self.stopping = False
-        self.rows_file = None
-        if self.opts.rows_dir:
-            role = "worker" if isinstance(runner, WorkerRunner) else "local"
-            path = Path(self.opts.rows_dir) / f"rows-{role}{self.index}-{os.getpid()}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.rows_file = path.open("a")
-
-    def next_spec(self) -> RequestSpec | None:
-        return None if self.stopping else next(self.specs, None)
-
-    def start_clock(self) -> None:
-        if self.start_mono is None:
-            self.start_wall, self.start_mono = time.time(), time.monotonic()
-
-    def send(self, client: FastHttpSession, spec: RequestSpec, intended_send_time: float) -> None:
-        result = stream_completion(client, spec, _live, model=self.opts.model, intended_send_time=intended_send_time,
-                                   timeout_s=self.opts.request_timeout, endpoint=self.opts.endpoint,
-                                   ignore_eos=not self.opts.no_ignore_eos)
-        report(self.environment, self.opts.endpoint, result)
-        self.record(result.record)
-        if result.killed:
-            raise GreenletExit
-
-    def dispatch(self, client: FastHttpSession, spec: RequestSpec) -> None:
-        """Sleep until the request's send time, then send it in its own greenlet (or drop it at the cap)."""
-        intended = self.start_wall + spec.send_offset_s
-        gevent.sleep(max(0.0, self.start_mono + spec.send_offset_s - time.monotonic()))
-        now = time.time()
-        if (now - intended) * 1e3 > MAX_SCHEDULE_LAG_P99_MS:
-            _live.late_send(now)
-        cap = self.opts.max_in_flight
-        if cap and len(self.in_flight) >= cap:
-            record = RequestRecord.unsent(spec, intended_send_time=intended, is_warmup=False)
-            record.error = f"dropped: {cap} requests in flight (--max-in-flight)"
-            fire(self.environment, "dropped", 0.0, ResponseError(record.error))
-            self.record(record)
-        else:
-            self.in_flight.spawn(self.send, client, spec, intended)
-
-    def record(self, record: RequestRecord) -> None:
-        _live.ended_request(record)
-        if self.rows_file is not None:
-            self.rows_file.write(json.dumps(dataclasses.asdict(record)) + "\n")
-            self.rows_file.flush()
-        if self.remaining is not None:
-            self.remaining -= 1
-            if self.remaining == 0:
-                self.environment.runner.send_message(DONE_MESSAGE, self.index)
-
-    def close(self) -> None:
-        """Test stop: requests still in flight end as aborted records; the rows file is closed."""
-        self.stopping = True
-        self.in_flight.kill(block=True)
-        if self.rows_file is not None:
-            self.rows_file.close()
-
-
 _run: ProcessRun | None = None  # the current test of this process (not on a master)
 _live = LiveEvents()  # this process's requests, for the LLM tab
 _done: set[int] = set()  # master / standalone: indexes of the processes whose requests have all ended
@@ -179,17 +102,18 @@ _done: set[int] = set()  # master / standalone: indexes of the processes whose r
 
 
 class LLMUser(FastHttpUser):
-    """Closed loop: one request at a time, each read to its end, then --wait seconds."""
+    """Closed loop: one request (or one session, turn by turn) at a time, each read to its end, then --wait
+    seconds."""
 
     def wait_time(self) -> float:
         return self.environment.parsed_options.wait
 
     @task
     def complete(self) -> None:
-        spec = _run.next_spec()
-        if spec is None:
+        group = _run.next_group()
+        if group is None:
             raise StopUser
-        _run.send(self.client, spec, time.time())
+        _run.run_group(self.client, group, time.time())
 
 
 class OpenLoopUser(FastHttpUser):
@@ -200,9 +124,9 @@ class OpenLoopUser(FastHttpUser):
     @task
     def dispatch(self) -> None:
         _run.start_clock()
-        while (spec := _run.next_spec()) is not None:
-            _run.dispatch(self.client, spec)
-        _run.in_flight.join()
+        while (group := _run.next_group()) is not None:
+            _run.dispatch(self.client, group)
+        _run.open_groups.join()
         raise StopUser
 
 
@@ -277,7 +201,7 @@ def _on_test_start(environment: Environment, **_) -> None:
     global _run
     _done.clear()
     if not isinstance(environment.runner, MasterRunner):
-        _run = ProcessRun(environment)
+        _run = ProcessRun(environment, _live)
 
 
 @events.test_stop.add_listener

@@ -70,13 +70,10 @@ def test_a_capacity_search_sets_the_rate_itself():
                      "arrival.ramp_up_end_qps=4")
 
 
-def test_session_presets_and_locust():
-    from stallfree.loadgen.config.schema import SESSION_KINDS
-    from stallfree.loadgen.workload.request_specs import TEXT_SESSION_WORKLOADS
+def test_session_presets_on_every_target():
     from stallfree.loadgen.workload.sessions import SESSION_WORKLOADS
 
-    assert sorted(SESSION_KINDS) == sorted([*SESSION_WORKLOADS, *TEXT_SESSION_WORKLOADS])
     for name in ("chat", "agentic"):
-        assert bench_config(f"workload={name}").workload.lengths["kind"] in SESSION_KINDS
-    with pytest.raises(ConfigError, match="workload must be a workload without sessions with target=locust"):
-        bench_config("workload=chat", "target=locust")
+        for target in ("inprocess", "http", "locust"):
+            cfg = bench_config(f"workload={name}", f"target={target}")
+            assert cfg.workload.lengths["kind"] in SESSION_WORKLOADS
