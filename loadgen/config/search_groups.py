@@ -29,10 +29,16 @@ class CapacityGroup:
     min_duration_s: float  # a point at qps q sends max(num_requests, q x min_duration_s) requests ...
     max_requests: int  # ... and at most this many
     min_requests_per_in_flight: float  # a point sends at least this many times its peak in-flight requests
+    # times a point whose verdict hangs on an unsure P99 TBT (its 95% interval straddles the SLO, no other rule
+    # failed) is measured again with twice the requests, at most max_requests, before it decides the search
+    unsure_remeasures: int = 1
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            positive(f"capacity.{f.name}", getattr(self, f.name))
+            if f.name != "unsure_remeasures":
+                positive(f"capacity.{f.name}", getattr(self, f.name))
+        require(is_int(self.unsure_remeasures) and self.unsure_remeasures >= 0, "capacity.unsure_remeasures",
+                "an integer >= 0", self.unsure_remeasures)
         require(self.min_qps <= self.start_qps <= self.max_qps, "capacity.start_qps",
                 f"within [capacity.min_qps={self.min_qps}, capacity.max_qps={self.max_qps}]", self.start_qps)
         require(self.min_completion_ratio <= 1, "capacity.min_completion_ratio", "a number in (0, 1]",
@@ -47,12 +53,16 @@ class CapacityGroup:
         """The requests of a point at ``qps``: enough to last min_duration_s, at least num_requests."""
         return min(max(num_requests, math.ceil(qps * self.min_duration_s)), self.max_requests)
 
+    def doubled(self, num_requests: int) -> int:
+        """The requests of a point measured again for an unsure TBT verdict: twice as many, at most max_requests."""
+        return min(2 * num_requests, self.max_requests)
+
     def longer(self, num_requests: int, peak_in_flight: int) -> int:
         """The requests of a point measured again because its ``num_requests`` were fewer than
         min_requests_per_in_flight x its peak in-flight requests: that many, and at least twice as many (a
         server falling behind keeps more in flight the longer it runs), at most max_requests."""
-        wanted = max(math.ceil(self.min_requests_per_in_flight * peak_in_flight), 2 * num_requests)
-        return min(wanted, self.max_requests)
+        return max(self.doubled(num_requests),
+                   min(math.ceil(self.min_requests_per_in_flight * peak_in_flight), self.max_requests))
 
 
 @dataclass

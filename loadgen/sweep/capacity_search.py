@@ -5,8 +5,9 @@ From ``capacity.start_qps`` the search doubles (or halves) until it has a passin
 failing ``hi``, then bisects until ``hi - lo <= tolerance * lo``. Every point is a cached run of
 ``stallfree-bench`` (loadgen.sweep.point.run_point) of ``capacity.num_requests(qps)`` requests (long
 enough to be a load test, not a burst; one that fails only for being short for the requests it kept in
-flight is measured again, longer, and fails as ``backlog`` when its peak in flight grew with the run), so an
-interrupted search resumes where it stopped. The SLO and
+flight is measured again, longer, and fails as ``backlog`` when its peak in flight grew with the run; one whose
+verdict hangs on a P99 TBT whose 95% interval straddles the SLO is measured again with twice the requests,
+``capacity.unsure_remeasures`` times at most), so an interrupted search resumes where it stopped. The SLO and
 the unloaded TTFT (the baseline of the client-side scheduling delay, loadgen.sweep.unloaded_ttft) are
 resolved once, before the first point, and every point is judged against them.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
@@ -26,17 +27,22 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stallfree.engine.records.capacity_bound import capacity_text, mean_bound, search_bound
 from stallfree.engine.records.repeat_stats import mean_interval
 from stallfree.engine.records.request_metrics import UnloadedTtft
 from stallfree.loadgen.config.schema import BenchConfig
-from stallfree.loadgen.config.search_groups import CapacityGroup
 from stallfree.loadgen.results.run_dir import make_run_id
+from stallfree.loadgen.sweep.capacity_point import (
+    Point,
+    backlogged,
+    interval_text,
+    point_from_summary,
+    tbt_decides_unsure,
+)
 from stallfree.loadgen.sweep.experiment_lock import experiment_lock
-from stallfree.loadgen.sweep.keep_pace import checks, reason
 from stallfree.loadgen.sweep.live_target import LiveTarget
 from stallfree.loadgen.sweep.plan import plan_run
 from stallfree.loadgen.sweep.point import repeat_configs, repeat_part, run_point
@@ -47,29 +53,6 @@ from stallfree.loadgen.sweep.unloaded_ttft import cached_unloaded_ttft
 BACKLOG_GROWTH = 1.5  # peak in flight this much higher on a run >= 2x as long: the server falls behind
 RUN_PARAMS = ("model", "target", "workload", "arrival", "seed", "num_requests", "prefix_caching")  # into each record
 _searched: dict[Path, str] = {}  # the searches this process ran: record file -> the job that ran it
-
-
-@dataclass
-class Point:
-    qps: float  # the offered load
-    passed: bool  # every rule of loadgen.sweep.keep_pace held
-    p99_tbt_ms: float | None = None
-    median_scheduling_delay_ms: float | None = None  # server-side (None: the target does not report it)
-    failed: int = 0  # failed requests
-    run_id: str | None = None  # the point's run directory in the experiment
-    num_requests: int | None = None  # sent: max(num_requests, qps x capacity.min_duration_s), capped
-    completion_ratio: float | None = None  # the steady window's requests that kept pace (request_metrics; <= 1)
-    median_client_scheduling_delay_ms: float | None = None  # TTFT - the unloaded TTFT of the prompt's length
-    client_scheduling_delay_growth_ms: float | None = None  # last third - first third of the steady window
-    failed_rules: list[str] = field(default_factory=list)  # loadgen.sweep.keep_pace rule names
-    reason: str = ""  # the failed rules' values against their bounds (all rules' when it passed)
-    disturbed: bool = False  # the run that decided the point was disturbed (loadgen.sweep.cpu_share)
-    tbt_gaps: int | None = None  # the token gaps its P99 TBT rests on
-    p99_tbt_low_ms: float | None = None  # the P99 TBT's 95% interval (engine/records/quantile_bounds.py)
-    p99_tbt_high_ms: float | None = None
-    # whether that interval lies on one side of the SLO (False: another draw could flip the TBT rule's verdict;
-    # None: no gaps)
-    tbt_verdict_sure: bool | None = None
 
 
 @dataclass
@@ -139,36 +122,6 @@ def probes_left(points: list[Point], min_qps: float, max_qps: float, tolerance: 
     return (1 if points else 2) + bisections(1.0, 2.0)  # the next doubling / halving closes a bracket
 
 
-def backlogged(point: Point, previous_peak: int, peak: int) -> Point:
-    """A point still short for its concurrency after a longer run whose peak in flight grew with it: the
-    requests in flight scale with the run's length, a queue that builds (GuideLLM's over-saturation), so
-    measuring longer again cannot pass it."""
-    detail = (f"peak in flight {previous_peak} -> {peak} ({peak / previous_peak:.1f}x) on a run twice as long "
-              "or more: a queue that builds")
-    return dataclasses.replace(point, passed=False, failed_rules=[*point.failed_rules, "backlog"],
-                               reason=f"{point.reason}; {detail}")
-
-
-def point_from_summary(summary: dict, slo_tbt_ms: float, capacity: CapacityGroup) -> Point:
-    """A point judged by the rules of loadgen.sweep.keep_pace against the search's SLO."""
-    results = checks(summary, slo_tbt_ms, capacity)
-    low, high = summary.get("p99_tbt_low_ms"), summary.get("p99_tbt_high_ms")  # None in summaries before them
-    return Point(summary["qps"], all(r.passed for r in results), summary["p99_tbt_ms"],
-                 summary["median_scheduling_delay_ms"], summary["failed"], summary["run_id"],
-                 summary["completed"] + summary["failed"], summary["completion_ratio"],
-                 summary["median_client_scheduling_delay_ms"], summary["client_scheduling_delay_growth_ms"],
-                 [r.rule for r in results if not r.passed], reason(results), bool(summary.get("disturbed")),
-                 summary.get("tbt_gaps"), low, high, tbt_verdict_sure(low, high, slo_tbt_ms))
-
-
-def tbt_verdict_sure(low_ms: float | None, high_ms: float | None, slo_tbt_ms: float) -> bool | None:
-    """Whether the P99 TBT's interval lies on one side of the SLO: below it when its upper bound is, above it
-    when its lower bound is; None without gaps (no bounds)."""
-    if low_ms is None and high_ms is None:
-        return None
-    return (high_ms is not None and high_ms <= slo_tbt_ms) or (low_ms is not None and low_ms > slo_tbt_ms)
-
-
 def _write_atomic(path: Path, value) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -210,20 +163,27 @@ def _search_one(cfg: BenchConfig, targets: LiveTarget, slo: dict, unloaded: Unlo
         share = (len(points) + 1) / (len(points) + probes_left(points, c.min_qps, c.max_qps, c.tolerance))
         part = repeat_part(cfg, repeat, min(share, 1.0))
         part.extras["qps"] = qps
-        num_requests, previous_peak = c.num_requests(qps, cfg.num_requests), None
-        while True:  # a point that failed only for being short for its concurrency is measured again, longer
+        num_requests, previous_peak, unsure_runs = c.num_requests(qps, cfg.num_requests), None, 0
+        while True:  # measured again, longer: a point short for its concurrency, or one an unsure P99 TBT decides
             summary = run(qps, num_requests, part)
-            point = point_from_summary(summary, slo["slo_tbt_ms"], c)
+            point = dataclasses.replace(point_from_summary(summary, slo["slo_tbt_ms"], c), unsure_remeasured=unsure_runs)
             peak = summary["peak_in_flight"]
             if point.failed_rules == ["length"] and previous_peak and peak >= BACKLOG_GROWTH * previous_peak:
                 point = backlogged(point, previous_peak, peak)
                 break
-            longer = c.longer(num_requests, peak)
-            if point.failed_rules != ["length"] or longer <= num_requests:
+            if point.failed_rules == ["length"]:
+                longer, why = c.longer(num_requests, peak), f"{peak} in flight at once"
+            elif tbt_decides_unsure(point) and unsure_runs < c.unsure_remeasures:
+                longer, why = c.doubled(num_requests), (
+                    f"P99 TBT {point.p99_tbt_ms:.4g} ms, its 95% interval {interval_text(point)} ms straddles the "
+                    f"SLO {slo['slo_tbt_ms']:.4g} ms")
+                unsure_runs += 1
+            else:
+                break
+            if longer <= num_requests:
                 break
             previous_peak = peak
-            print(f"  qps {qps:g}: {num_requests} requests, {summary['peak_in_flight']} in flight at once: "
-                  f"measuring again with {longer}", flush=True)
+            print(f"  qps {qps:g}: {num_requests} requests, {why}: measuring again with {longer}", flush=True)
             num_requests = longer
         if not points and point.median_scheduling_delay_ms is None:
             print("[capacity] the target reports no server-side scheduling delay: points are judged by the "
@@ -276,5 +236,7 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     print(f"[capacity] {plan.params['scheduler']}{chunk} slo={cfg.slo.name} "
           f"({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}): {display}{spread}, "
           f"{sum(len(r.points) for r in results)} points"
-          + (f" ({record['disturbed_points']} disturbed)" if record["disturbed_points"] else ""), flush=True)
+          + (f" ({record['disturbed_points']} disturbed)" if record["disturbed_points"] else "")
+          + (f" ({record['unsure_tbt_points']} decided on an unsure P99 TBT)" if record["unsure_tbt_points"] else ""),
+          flush=True)
     return record

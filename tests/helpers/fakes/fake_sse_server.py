@@ -15,7 +15,8 @@ stallfree's, for the harness's tests: ``--stop-after N`` ends every stream after
 "stop"), as a server that ignores ``ignore_eos`` does; ``--reject-token-ids`` / ``--reject-ignore-eos`` answer a
 token-id prompt / an ``ignore_eos`` field with an OpenAI-style HTTP 400; ``--die-after N`` exits the process
 when completion request N + 1 arrives (every connection drops); ``--max-running N`` streams at most N requests
-at a time, the others wait (first come, first served): a server that falls behind.
+at a time, the others wait (first come, first served): a server that falls behind; ``--spike-share P
+--spike-ms S`` makes a share P of the token gaps S ms longer (bimodal TBT, as hybrid steps make).
 
 ``GET /metrics`` serves vLLM-named series of its real state (``--metrics vllm``, the default: streams in
 progress as running, requests held back by ``--max-running`` as waiting), or 404 (``--metrics none``), or a
@@ -31,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -55,6 +57,8 @@ class FakeBehaviour:
     die_after: int | None = None
     max_running: int = 0  # 0: no cap
     metrics: str = "vllm"  # METRICS_MODES
+    spike_share: float = 0.0  # of the token gaps, drawn from the prompt and the gap's index: spike_ms longer
+    spike_ms: float = 0.0
     completions_seen: int = 0
 
     def args(self) -> list[str]:
@@ -64,7 +68,14 @@ class FakeBehaviour:
         flags += ["--stop-after", str(self.stop_after)] if self.stop_after is not None else []
         flags += ["--die-after", str(self.die_after)] if self.die_after is not None else []
         flags += ["--reject-token-ids"] * self.reject_token_ids + ["--reject-ignore-eos"] * self.reject_ignore_eos
+        flags += ["--spike-share", str(self.spike_share), "--spike-ms", str(self.spike_ms)]
         return flags + ["--max-running", str(self.max_running), "--metrics", self.metrics]
+
+    def spike_s(self, request: dict, gap: int) -> float:
+        """The extra time of a request's token gap: ``spike_ms`` for a ``spike_share`` of them, which ones fixed by
+        the prompt and the gap's index (a seeded workload gets the same gaps on every run), else 0."""
+        key = f"{request.get('prompt') or request.get('messages')}|{gap}".encode()
+        return self.spike_ms / 1e3 if zlib.crc32(key) % 100_000 < self.spike_share * 100_000 else 0.0
 
     def rejection(self, request: dict) -> str | None:
         """Why this request shape is refused (None: it is not)."""
@@ -135,9 +146,11 @@ async def _stream_tokens(writer: asyncio.StreamWriter, request: dict, ttft_s: fl
     finish_reason = "length" if n == requested else "stop"
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
                  + f"server: {behaviour.server_header}\r\n\r\n".encode())
-    token_times = []
+    token_times, due = [], start + ttft_s
     for i in range(n):
-        await asyncio.sleep(max(0.0, start + ttft_s + i * tbt_s - loop.time() - TIMER_ROUNDING_S))
+        if i:
+            due += tbt_s + behaviour.spike_s(request, i)
+        await asyncio.sleep(max(0.0, due - loop.time() - TIMER_ROUNDING_S))
         choice = {"index": 0, "text": " tok", "logprobs": None, "finish_reason": finish_reason if i == n - 1 else None}
         token_times.append(time.time())
         writer.write(_sse({"object": "text_completion", "model": request["model"], "choices": [choice]}))
@@ -269,10 +282,12 @@ if __name__ == "__main__":
     parser.add_argument("--reject-ignore-eos", action="store_true")
     parser.add_argument("--max-running", type=int, default=0, help="streams at once; more wait (0: no cap)")
     parser.add_argument("--metrics", choices=METRICS_MODES, default="vllm")
+    parser.add_argument("--spike-share", type=float, default=0.0, help="of the token gaps, spike-ms longer")
+    parser.add_argument("--spike-ms", type=float, default=0.0)
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
     args = parser.parse_args()
     fake = FakeBehaviour(args.model, args.owned_by, args.version, args.server_header, args.stop_after,
                          args.reject_token_ids, args.reject_ignore_eos, args.die_after, args.max_running,
-                         args.metrics)
+                         args.metrics, args.spike_share, args.spike_ms)
     with realtime_priority():
         asyncio.run(_main(args.ttft_ms, args.tbt_ms, fake, args.port))

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.loadgen.sweep.capacity_search import Point, probes_left, search, tbt_verdict_sure
+from stallfree.loadgen.sweep.capacity_point import Point
+from stallfree.loadgen.sweep.capacity_search import probes_left, search
+from tests.helpers.fake_capacity import search_on
 
 BIN = Path(sys.executable).parent
 
@@ -98,26 +100,6 @@ def test_capacity_search_on_tiny_inprocess(tmp_path):
     # disturbed points (a busy machine) were measured twice: both runs are cached
     assert again.stdout.count("[cached]") >= len(points) and "[done]" not in again.stdout
     assert json.loads((exp_dir / "capacity.json").read_text()) == [record]
-
-
-def search_on(monkeypatch, tmp_path, fake_run_point, overrides: list[str], unloaded_ms: float = 1.0) -> dict:
-    """capacity_search.run_search with ``fake_run_point`` measuring every point, a 100 ms SLO and an unloaded
-    TTFT of ``unloaded_ms``: the capacity record."""
-    from hydra import compose, initialize_config_dir
-
-    from stallfree.engine.hydra_config import CONF_DIR
-    from stallfree.engine.records.request_metrics import UnloadedTtft
-    from stallfree.loadgen.config.schema import load_bench
-    from stallfree.loadgen.sweep import capacity_search as capacity
-
-    monkeypatch.setattr(capacity, "run_point", fake_run_point)
-    monkeypatch.setattr(capacity, "resolve_slo", lambda cfg, exp_dir, targets: {
-        "slo_name": "strict", "slo_tbt_ms": 100.0, "decode_iter_ms": None})
-    monkeypatch.setattr(capacity, "cached_unloaded_ttft", lambda cfg, exp_dir, targets: (
-        UnloadedTtft(unloaded_ms, 0.0), {"intercept_ms": unloaded_ms}))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = load_bench(compose("bench", ["+experiment=capacity", *overrides, f"results_dir={tmp_path}"]))
-    return capacity.run_search(cfg, targets=None)
 
 
 def test_repeated_search_reports_an_interval_and_reruns_disturbed_points(tmp_path, monkeypatch):
@@ -261,14 +243,3 @@ def test_an_outdated_cached_capacity_point_is_measured_again_and_the_new_summary
         targets.close()
     assert again["completion_method"] == COMPLETION_METHOD and again["completion_ratio"] != 0.123
     assert json.loads(summary_path.read_text())["completion_method"] == COMPLETION_METHOD
-
-
-@pytest.mark.parametrize("low, high, sure", [
-    (40.0, 90.0, True),  # the whole interval under the 100 ms SLO: a pass another draw keeps
-    (120.0, None, True),  # above it: a fail however few the gaps
-    (80.0, 130.0, False),  # straddling it: another draw could flip the verdict
-    (80.0, None, False),  # too few gaps for an upper bound: the pass is not sure
-    (None, None, None),  # no gaps
-])
-def test_a_tbt_verdict_is_sure_only_when_its_p99_interval_lies_on_one_side_of_the_slo(low, high, sure):
-    assert tbt_verdict_sure(low, high, 100.0) is sure

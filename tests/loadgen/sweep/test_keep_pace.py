@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 
 from stallfree.loadgen.config.checks import CONF_DIR
 from stallfree.loadgen.config.schema import load_bench
-from stallfree.loadgen.sweep.capacity_search import point_from_summary
+from stallfree.loadgen.sweep.capacity_point import point_from_summary
 
 KEPT_PACE = {"qps": 2.0, "run_id": "r", "completed": 100, "failed": 0, "p99_tbt_ms": 50.0,
              "median_scheduling_delay_ms": 100.0, "completion_ratio": 0.98, "peak_in_flight": 5,
