@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from stallfree.engine.utilization.measured_limits import cpu_description
+from stallfree.engine.records.machine import cpu_description
 
 
 def timed(cmd: list[str]) -> float:

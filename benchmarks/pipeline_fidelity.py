@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from stallfree.engine import LLMEngine
-from stallfree.engine.device import cpu_description
+from stallfree.engine.records.machine import cpu_description
 from stallfree.engine.records.request_metrics import pipeline_summary, summarize
 from stallfree.engine.simulator.fitted_pipeline import StageCostModels, stage_records
 from stallfree.engine.simulator.fitting.profile import context_filling_prompts, feed_requests, random_requests

@@ -24,7 +24,7 @@ from stallfree.engine import (
     SamplingParams,
     profile_cost_model,
 )
-from stallfree.engine.device import cpu_description
+from stallfree.engine.records.machine import cpu_description
 
 
 def lone_prefill_seconds(engine: LLMEngine, prompt: list[int]) -> tuple[float, IterationFeatures]:

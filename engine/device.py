@@ -1,11 +1,11 @@
 """Device and dtype selection."""
 from __future__ import annotations
 
-import functools
-import platform
 from dataclasses import dataclass
 
 import torch
+
+from stallfree.engine.records.machine import cpu_has_fast_bf16
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16}
@@ -17,27 +17,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"model.device={name!r} but CUDA is not available")
     return torch.device(name)
-
-
-@functools.cache
-def cpu_description() -> str:
-    """The CPU's model name and whether it has native bf16, for the records of a profile."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        name = ""
-    return f"{name or platform.processor() or platform.machine()}, {'' if cpu_has_fast_bf16() else 'no '}native bf16"
-
-
-@functools.cache
-def cpu_has_fast_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 @dataclass(frozen=True)

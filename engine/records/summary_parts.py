@@ -42,6 +42,7 @@ class SloSummary:
     slo_reference_spread: float | None = None  # the probe's two measurements: |a - b| / min
     slo_reference_measurements_ms: list[float] | None = None
     slo_reference_measured_at: str | None = None  # UTC; the same reference for every run of the experiment
+    slo_reference_measured_on: str | None = None  # the CPU a probe ran from, or a cost model was fitted on
     slo_ttft_ms: float | None = None
     slo_e2e_ms: float | None = None
     slo_goodput: str | None = None  # the slo.goodput SLOs, e.g. "ttft:500 tpot:50"

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from stallfree.engine.cache_dir import cache_root
-from stallfree.engine.device import cpu_description
 from stallfree.engine.model.packed_linear import PackedLinear, can_pack
 from stallfree.engine.model.tiled_linear import TiledLinear, can_use_tiled_linear
+from stallfree.engine.records.machine import cpu_description
 
 CPU = torch.device("cpu")
 METHOD = "read stream, held cores"  # part of the cache key: limits measured another way are measured again

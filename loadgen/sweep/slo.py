@@ -12,13 +12,14 @@ The decode reference (``decode_iter_ms``) comes, in this order of preference, fr
   attempts are made. The probe measures the run's target (a ``url`` target: the server at that URL).
 
 One SLO per experiment: the reference is measured once, cached per model / target / probe shape in
-``exp_dir/.probes/`` (a disturbed one too, flagged), and every later run and capacity point of the
-experiment is judged against it. ``rerun=disturbed`` measures a disturbed cached reference again, and
+``exp_dir/.probes/`` (a disturbed one too, flagged) with the CPU it was measured from, and every later run and
+capacity point of the experiment on that machine is judged against it (on another CPU it is measured again).
+A CPU cost model fitted on another CPU is said so in a loud line (on a real clock). ``rerun=disturbed`` measures a disturbed cached reference again, and
 ``rerun=all`` any cached one, once per process; a capacity search resolves its SLO once, before its first
 point, and hands it to every point.
 
 The summary records ``slo_reference_method``, ``slo_reference_disturbed``, ``slo_reference_spread``,
-``slo_reference_measurements_ms`` and ``slo_reference_measured_at`` (UTC, ISO 8601).
+``slo_reference_measurements_ms``, ``slo_reference_measured_at`` (UTC, ISO 8601) and ``slo_reference_measured_on``.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from stallfree.engine.hydra_config import cost_model_file
 from stallfree.engine.records import RequestRecord
+from stallfree.engine.records.machine import cpu_description, same_cpu
 from stallfree.loadgen.config.errors import TargetError
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.config.views import digest
@@ -52,12 +54,13 @@ class Reference:
     spread: float | None = None  # |a - b| / min(a, b) of the probe's two measurements
     measurements_ms: tuple[float, ...] = ()
     measured_at: str | None = None  # UTC, ISO 8601 (None: not measured, e.g. pinned)
+    measured_on: str | None = None  # the CPU it was measured from (a probe) or fitted on (a cost model)
 
     def as_summary(self) -> dict:
         return {"decode_iter_ms": self.decode_iter_ms, "slo_reference_method": self.method,
                 "slo_reference_disturbed": self.disturbed, "slo_reference_spread": self.spread,
                 "slo_reference_measurements_ms": list(self.measurements_ms) or None,
-                "slo_reference_measured_at": self.measured_at}
+                "slo_reference_measured_at": self.measured_at, "slo_reference_measured_on": self.measured_on}
 
 
 def decode_steps_ms(records: list[RequestRecord]) -> list[float]:
@@ -97,13 +100,14 @@ def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
     the first clean one, else the one whose measurements agree best, flagged disturbed."""
     p, best = cfg.decode_probe, None
     measured_at = datetime.now(UTC).isoformat(timespec="seconds")
+    measured_on = None if cfg.virtual_time else cpu_description()  # a virtual clock's steps are the cost model's
     _measure(cfg, target, cfg.seed, rounds=1)  # a first burst of the probe's shape runs slow (allocation, kernel setup)
     for attempt in range(p.attempts):
         (a, starved_a), (b, starved_b) = (_measure(cfg, target, cfg.seed + 1000 * (2 * attempt + i), p.rounds)
                                           for i in range(2))
         spread = abs(a - b) / max(min(a, b), 1e-9)
         reference = Reference((a + b) / 2, "probe", spread > p.max_spread or starved_a or starved_b,
-                              round(spread, 4), (round(a, 4), round(b, 4)), measured_at)
+                              round(spread, 4), (round(a, 4), round(b, 4)), measured_at, measured_on)
         if not reference.disturbed:
             return reference
         if best is None or reference.spread < best.spread:
@@ -112,14 +116,23 @@ def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
 
 
 def cost_model_reference(cfg: BenchConfig, path: str) -> Reference:
-    """The cost model's decode step of the probe's shape: num_seqs sequences halfway through their output."""
+    """The cost model's decode step of the probe's shape: num_seqs sequences halfway through their output. A CPU
+    cost model fitted on another CPU than this one, for runs on a real clock, gets a loud line: its decode step
+    is not this machine's, so the SLO is not either."""
     from stallfree.engine import CostModel, IterationFeatures
 
     p = cfg.decode_probe
     context = p.prompt_tokens + p.output_tokens // 2
     step = IterationFeatures(num_prefill_tokens=0, num_decode_seqs=p.num_seqs, prefill_attention_work=0,
                              decode_context_tokens=p.num_seqs * context)
-    return Reference(CostModel.load(path).predict(step) * 1e3, "cost_model", False)
+    model = CostModel.load(path)
+    fitted_on = model.fitted_on.get("hardware")
+    if model.fitted_on.get("device") == "cpu" and not cfg.virtual_time and same_cpu(fitted_on) is False:
+        print(f"[slo] WARNING: slo.reference_cost_model {Path(path).name} was fitted on {fitted_on}; this machine "
+              f"is {cpu_description()}: the SLO is 'tbt_multiple x' that machine's decode step, not this one's. "
+              "For a reference measured here, drop slo.reference_cost_model (the decode probe) or fit a cost "
+              "model here (stallfree-profile)", flush=True)
+    return Reference(model.predict(step) * 1e3, "cost_model", False, measured_on=fitted_on)
 
 
 def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Reference:
@@ -133,9 +146,12 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
     if path.is_file():
         cached = json.loads(path.read_text())
-        if "method" in cached and (path in _probed_here or not must_probe_again(cfg.rerun, cached["disturbed"])):
+        if same_cpu(cached.get("measured_on")) is False:
+            print(f"[slo] the cached decode reference was measured on {cached['measured_on']}; this machine is "
+                  f"{cpu_description()}: measuring it here", flush=True)
+        elif "method" in cached and (path in _probed_here or not must_probe_again(cfg.rerun, cached["disturbed"])):
             return Reference(cached["decode_iter_ms"], cached["method"], cached["disturbed"], cached["spread"],
-                             tuple(cached["measurements_ms"]), cached.get("measured_at"))
+                             tuple(cached["measurements_ms"]), cached.get("measured_at"), cached.get("measured_on"))
     reference = probe_reference(cfg, targets.get(cfg, exp_dir / ".logs"))
     if reference.disturbed:
         print(f"[slo] decode reference {reference.decode_iter_ms:.2f} ms is disturbed (measurements "

@@ -18,9 +18,9 @@ import torch
 
 from stallfree.engine.cache_dir import cache_root
 from stallfree.engine.config import EngineConfig
-from stallfree.engine.device import cpu_description
 from stallfree.engine.hydra_config import cost_model_file
 from stallfree.engine.records import BatchRecord
+from stallfree.engine.records.machine import cpu_description
 from stallfree.engine.request import SamplingParams
 from stallfree.engine.runner.clock import CLOCKS
 from stallfree.engine.runner.cpu_threads import quiet_threads

@@ -1,6 +1,8 @@
 """The SLO's decode reference: pinned, from a cost model, or probed robustly (a low quantile, two
 measurements that must agree, a disturbed reference flagged), once per experiment."""
 
+import json
+
 from hydra import compose, initialize_config_dir
 
 from stallfree.engine.records import RequestRecord
@@ -109,3 +111,40 @@ def test_a_running_server_is_labelled_by_what_it_says_or_its_label_not_bench_def
         assert plan.run_id.startswith("engine=stallfree-url,qps=1.0")
         labelled = plan_run(config("target=url", f"target.url={server.url}", "target.label=vllm-0.6"))
         assert labelled.params["scheduler"] == labelled.params["engine_label"] == "vllm-0.6"
+
+
+def test_a_probe_records_its_machine_and_is_measured_again_on_another(tmp_path, monkeypatch, capsys):
+    from stallfree.loadgen.sweep import slo as slo_module
+
+    cfg = config("slo=relaxed")
+    monkeypatch.setattr(slo_module, "cpu_description", lambda: "CPU A, native bf16")
+    monkeypatch.setattr(slo_module, "same_cpu", lambda hardware: None if not hardware else hardware.startswith("CPU A"))
+    first = resolve_slo(cfg, tmp_path, Targets(StepTarget([10.0])))
+    assert first["slo_reference_measured_on"] == "CPU A, native bf16"
+    monkeypatch.setattr(slo_module, "_probed_here", set())  # a later process, same machine: the cached one
+    assert resolve_slo(cfg, tmp_path, Targets(StepTarget([20.0]))) == first
+    monkeypatch.setattr(slo_module, "cpu_description", lambda: "CPU B, no native bf16")
+    monkeypatch.setattr(slo_module, "same_cpu", lambda hardware: None if not hardware else hardware.startswith("CPU B"))
+    here = resolve_slo(cfg, tmp_path, Targets(StepTarget([20.0])))  # the results directory moved to CPU B
+    assert abs(here["decode_iter_ms"] - 20.0) < 1e-6 and here["slo_reference_measured_on"] == "CPU B, no native bf16"
+    assert ("[slo] the cached decode reference was measured on CPU A, native bf16; this machine is CPU B, no native "
+            "bf16: measuring it here") in capsys.readouterr().out
+
+
+def test_a_cost_model_of_another_cpu_is_a_loud_line_on_a_real_clock_only(tmp_path, monkeypatch, capsys):
+    from stallfree.loadgen.sweep import slo as slo_module
+
+    fitted_on = json.loads(COST_MODEL.read_text())["fitted_on"]["hardware"]
+    monkeypatch.setattr(slo_module, "same_cpu", lambda hardware: False)
+    monkeypatch.setattr(slo_module, "cpu_description", lambda: "Another CPU, native bf16")
+    modelled = resolve_slo(config(f"slo.reference_cost_model={COST_MODEL}"), tmp_path, Targets(StepTarget([10.0])))
+    assert modelled["slo_reference_measured_on"] == fitted_on
+    assert (f"[slo] WARNING: slo.reference_cost_model small-cpu.json was fitted on {fitted_on}; this machine is "
+            "Another CPU, native bf16") in capsys.readouterr().out
+    resolve_slo(config(f"slo.reference_cost_model={COST_MODEL}", "model.runner=simulated", "model.clock=virtual",
+                       f"model.cost_model={COST_MODEL}"), tmp_path,
+                Targets(StepTarget([10.0])))
+    assert "WARNING" not in capsys.readouterr().out
+    monkeypatch.setattr(slo_module, "same_cpu", lambda hardware: True)
+    resolve_slo(config(f"slo.reference_cost_model={COST_MODEL}"), tmp_path, Targets(StepTarget([10.0])))
+    assert "WARNING" not in capsys.readouterr().out
