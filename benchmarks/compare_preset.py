@@ -2,7 +2,7 @@
 and the sarathi policy, and the server at compare.vllm_url; compare.qps points each plus a capacity search),
 then ``stallfree-report`` on its results. Records the wall time of each step and every contender's capacity.
 
-    peers/vllm_cpu.sh serve ~/.cache/stallfree/small-v1 8300 --dtype float32 --no-enable-prefix-caching &
+    peers/vllm_cpu.sh serve ~/.cache/stallfree/small-v1 8300 --dtype DTYPE --no-enable-prefix-caching &  # our model.dtype
     python -m benchmarks.compare_preset [--budget-min 15] [stallfree-bench overrides ...]
     # writes benchmarks/results/compare_preset.json; the runs go to --results-dir (fresh: no cache)
 """
@@ -30,9 +30,12 @@ def record(results: Path, bench_s: float, report_s: float, budget_s: float) -> d
     """The wall times against the budget, the machine, and every contender's capacity and points."""
     contenders = json.loads((results / "compare" / "compare.json").read_text())
     total_s = bench_s + report_s
+    measured = next((c for c in contenders if c["status"] == "measured"), {})
     return {
         "machine": cpu_description(), "bench_wall_s": bench_s, "report_wall_s": report_s, "total_wall_s": total_s,
         "budget_s": budget_s, "within_budget": total_s <= budget_s,
+        "slo_reference": {k: measured.get(k) for k in ("slo_reference_method", "decode_iter_ms",
+                                                       "slo_reference_measured_on", "slo_reference_disturbed")},
         "contenders": [{"contender": c["contender"], "status": c["status"], "label": c.get("scheduler"),
                         "capacity": c.get("capacity_display"), "slo_tbt_ms": c.get("slo_tbt_ms"),
                         "disturbed_points": c.get("disturbed_points"), "reason": c.get("reason"),

@@ -24,6 +24,7 @@ from stallfree.loadgen.config.search_groups import CapacityGroup, CompareGroup, 
 register_schema()  # conf/bench.yaml starts from it: composing it, anywhere, needs this module
 MODES = ("run", "capacity", "study", "compare", "tune")
 RERUN = ("none", "disturbed", "all")
+REFERENCE_PROBES = ("target", "stallfree")  # slo.reference_probe
 AUTO_SWITCH = ("auto", "true", "false")
 DISPATCH_KEYS = ("max_concurrency",)
 OLD_CAP_TARGETS = ("http", "url")  # their target.max_in_flight is the old spelling of arrival.max_concurrency
@@ -125,6 +126,9 @@ class SloGroup:
     tbt_ms: float | None = None
     reference_ms: float | None = None
     reference_cost_model: str | None = None
+    # what the decode probe measures: the run's target, or stallfree's own engine with the run's model in this
+    # process (one reference of this machine for every contender of a comparison, whatever each serves with)
+    reference_probe: str = "target"
     ttft_ms: float | None = None
     goodput: str | None = None
 
@@ -132,6 +136,8 @@ class SloGroup:
         from stallfree.engine.records.request_metrics import parse_goodput
 
         positive("slo.tbt_multiple", self.tbt_multiple)
+        require(self.reference_probe in REFERENCE_PROBES, "slo.reference_probe", f"one of {REFERENCE_PROBES}",
+                self.reference_probe)
         for key in ("tbt_ms", "reference_ms", "ttft_ms"):
             positive(f"slo.{key}", getattr(self, key), optional=True)
         try:

@@ -4,7 +4,9 @@ The decode reference (``decode_iter_ms``) comes, in this order of preference, fr
 * ``slo.reference_ms``: pinned by the user (method ``pinned``);
 * ``slo.reference_cost_model``: a committed cost model's predicted decode step of the probe's shape
   (method ``cost_model``);
-* a decode-only probe on the run's target (method ``probe``). The probe is robust to a busy machine:
+* a decode-only probe on the run's target (method ``probe``), or, with ``slo.reference_probe=stallfree``, on
+  stallfree's own engine with the run's model in this process (method ``stallfree_probe``: one reference of
+  this machine for every contender of a comparison). The probe is robust to a busy machine:
   ``decode_probe.rounds`` bursts of short-prompt requests decode together, the reference is a low
   quantile (``decode_probe.quantile``) of their decode steps, and it is measured twice. Two measurements
   further apart than ``decode_probe.max_spread``, or an engine that got less than
@@ -36,7 +38,7 @@ from stallfree.engine.hydra_config import cost_model_file
 from stallfree.engine.records import RequestRecord
 from stallfree.engine.records.machine import cpu_description, same_cpu
 from stallfree.loadgen.config.errors import TargetError
-from stallfree.loadgen.config.schema import BenchConfig
+from stallfree.loadgen.config.schema import BenchConfig, TargetGroup, load_group
 from stallfree.loadgen.config.views import digest
 from stallfree.loadgen.sweep.cpu_share import CpuMonitor
 from stallfree.loadgen.sweep.live_target import LiveTarget
@@ -95,7 +97,7 @@ def _measure(cfg: BenchConfig, target: Target, seed: int, rounds: int) -> tuple[
     return float(np.quantile(steps, p.quantile)), bool(cpu.report and cpu.report.disturbed)
 
 
-def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
+def probe_reference(cfg: BenchConfig, target: Target, method: str = "probe") -> Reference:
     """After a warm-up measurement, up to ``decode_probe.attempts`` attempts of two measurements each;
     the first clean one, else the one whose measurements agree best, flagged disturbed."""
     p, best = cfg.decode_probe, None
@@ -106,7 +108,7 @@ def probe_reference(cfg: BenchConfig, target: Target) -> Reference:
         (a, starved_a), (b, starved_b) = (_measure(cfg, target, cfg.seed + 1000 * (2 * attempt + i), p.rounds)
                                           for i in range(2))
         spread = abs(a - b) / max(min(a, b), 1e-9)
-        reference = Reference((a + b) / 2, "probe", spread > p.max_spread or starved_a or starved_b,
+        reference = Reference((a + b) / 2, method, spread > p.max_spread or starved_a or starved_b,
                               round(spread, 4), (round(a, 4), round(b, 4)), measured_at, measured_on)
         if not reference.disturbed:
             return reference
@@ -141,6 +143,9 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
         return Reference(cfg.slo.reference_ms, "pinned", False)
     if cfg.slo.reference_cost_model is not None:
         return cost_model_reference(cfg, cost_model_file(cfg.slo.reference_cost_model, "slo.reference_cost_model"))
+    own = cfg.slo.reference_probe == "stallfree"
+    if own:  # the bench's own engine in process, whatever the run's target
+        cfg = dataclasses.replace(cfg, target=load_group("target", "inprocess", TargetGroup))
     key = {"model": dataclasses.asdict(cfg.model), "cache": dataclasses.asdict(cfg.cache), "target": cfg.target.kind,
            "url": cfg.target.url, "probe": dataclasses.asdict(cfg.decode_probe)}
     path = exp_dir / ".probes" / f"decode-{digest(key)}.json"
@@ -152,7 +157,14 @@ def decode_reference(cfg: BenchConfig, exp_dir: Path, targets: LiveTarget) -> Re
         elif "method" in cached and (path in _probed_here or not must_probe_again(cfg.rerun, cached["disturbed"])):
             return Reference(cached["decode_iter_ms"], cached["method"], cached["disturbed"], cached["spread"],
                              tuple(cached["measurements_ms"]), cached.get("measured_at"), cached.get("measured_on"))
-    reference = probe_reference(cfg, targets.get(cfg, exp_dir / ".logs"))
+    if own:  # an engine of its own, closed after the probe: the sweep's live target stays as it is
+        probe_targets = LiveTarget()
+        try:
+            reference = probe_reference(cfg, probe_targets.get(cfg, exp_dir / ".logs"), "stallfree_probe")
+        finally:
+            probe_targets.close()
+    else:
+        reference = probe_reference(cfg, targets.get(cfg, exp_dir / ".logs"))
     if reference.disturbed:
         print(f"[slo] decode reference {reference.decode_iter_ms:.2f} ms is disturbed (measurements "
               f"{reference.measurements_ms} ms): every run of the experiment uses it; rerun=disturbed "

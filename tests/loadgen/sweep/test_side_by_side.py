@@ -36,7 +36,7 @@ def test_each_contender_is_its_engine_on_the_same_model_and_slo():
     assert contenders["stallfree_sarathi"].scheduler.policy == "sarathi"
     for name, c in contenders.items():
         assert (c.mode, c.compare.contender, c.compare.qps, c.model.model) == ("compare", name, [1, 2, 4], "small")
-        assert c.slo.reference_cost_model == "small-cpu.json"  # one SLO for every engine, not each one's probe
+        assert c.slo.reference_probe == "stallfree"  # one SLO of this machine for every engine, not each one's probe
         assert (c.slo.name, c.capacity.min_qps) == ("relaxed", 0.25)
     validate_cli(["+experiment=compare"])  # every contender of the preset's sweep checks
 

@@ -3,8 +3,10 @@ measurements that must agree, a disturbed reference flagged), once per experimen
 
 import json
 
+import pytest
 from hydra import compose, initialize_config_dir
 
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.records import RequestRecord
 from stallfree.loadgen.config.checks import CONF_DIR
 from stallfree.loadgen.config.schema import load_bench
@@ -148,3 +150,22 @@ def test_a_cost_model_of_another_cpu_is_a_loud_line_on_a_real_clock_only(tmp_pat
     monkeypatch.setattr(slo_module, "same_cpu", lambda hardware: True)
     resolve_slo(config(f"slo.reference_cost_model={COST_MODEL}"), tmp_path, Targets(StepTarget([10.0])))
     assert "WARNING" not in capsys.readouterr().out
+
+
+def test_a_stallfree_probe_measures_our_engine_in_process_whatever_the_target(tmp_path):
+    cfg = config("slo=relaxed", "slo.reference_probe=stallfree", "target=url", "target.url=http://127.0.0.1:9",
+                 "decode_probe.rounds=1", "decode_probe.num_seqs=2", "decode_probe.output_tokens=8")
+    targets = Targets(StepTarget([10.0]))  # the run's target: never probed
+    slo = resolve_slo(cfg, tmp_path, targets)
+    assert targets.gets == 0 and slo["slo_reference_method"] == "stallfree_probe"
+    assert 0 < slo["decode_iter_ms"] < 1000 and slo["slo_reference_measured_on"]
+    [cached] = (tmp_path / ".probes").glob("decode-*.json")
+    assert json.loads(cached.read_text())["target"] == "inprocess"
+    other = config("slo=relaxed", "slo.reference_probe=stallfree", "target=http", "decode_probe.rounds=1",
+                   "decode_probe.num_seqs=2", "decode_probe.output_tokens=8")
+    assert resolve_slo(other, tmp_path, targets) == slo  # every contender of the experiment: the one reference
+
+
+def test_an_unknown_reference_probe_names_the_key():
+    with pytest.raises(ConfigError, match="slo.reference_probe must be one of"):
+        config("slo.reference_probe=vllm")
