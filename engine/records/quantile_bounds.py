@@ -10,8 +10,12 @@ when gaps cluster; it states the least uncertainty the samples carry.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from scipy import stats
+
+from stallfree.engine.records.batch_record import BatchRecord
 
 CONFIDENCE = 0.95
 
@@ -31,6 +35,19 @@ def quantile_interval(values, q: float, confidence: float = CONFIDENCE) -> tuple
     low = float(v[low_rank - 1]) if low_rank >= 1 else None
     high = float(v[high_rank - 1]) if high_rank <= n else None
     return low, high
+
+
+def prefill_gaps(server_token_times: Iterable[list[float] | None], batches: list[BatchRecord] | None) -> int | None:
+    """How many of the requests' token gaps ended in an engine iteration with prefill work: the decodes that
+    waited for a prefill chunk, the gaps a TBT SLO is about. A gap ends with its token, whose server time is
+    the end of the iteration that sampled it; None without the engine's iterations (a server that is not
+    ours), or when no token time is an iteration's end."""
+    if not batches:
+        return None
+    prefill_ends = {b.end_time for b in batches if b.num_prefill_tokens}
+    ends = {b.end_time for b in batches}
+    matched = [t for times in server_token_times for t in (times or [])[1:] if t in ends]
+    return sum(t in prefill_ends for t in matched) if matched else None
 
 
 def p99_tbt_evidence(gaps_ms, num_requests: int) -> dict:

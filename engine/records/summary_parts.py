@@ -51,6 +51,7 @@ class SloSummary:
     # are too few to give is None (an upper one needs about 370 gaps)
     tbt_gaps: int | None = None
     tbt_requests: int | None = None
+    tbt_prefill_gaps: int | None = None  # of the gaps, those that ended in an iteration with prefill work
     p99_tbt_low_ms: float | None = None
     p99_tbt_high_ms: float | None = None
 

@@ -17,6 +17,7 @@ import time
 from tqdm import tqdm
 
 from stallfree.engine.records import BatchRecord, RequestRecord
+from stallfree.engine.records.quantile_bounds import prefill_gaps
 from stallfree.engine.records.request_metrics import (
     COMPLETION_METHOD,
     UnloadedTtft,
@@ -190,6 +191,8 @@ def run_point(cfg: BenchConfig, targets: LiveTarget, capacity_slo: str | None = 
                **pipeline_summary(replay.batches),
                **cpu_summary(cpu.report, virtual_time=cfg.virtual_time, requests=len(specs)),
                **server_metrics_summary(replay.server_metrics, replay.records, replay.batches),
+               "tbt_prefill_gaps": prefill_gaps([r.server_token_times for r in replay.records
+                                                 if r.status == "ok" and not r.is_warmup], replay.batches),
                "prefix_cache_reset": replay.prefix_cache_reset,
                "workload_ideal_hit_rate": ideal_hit_rate(
                    [s.prompt_token_ids for s in sorted(specs, key=lambda s: s.send_offset_s)], cfg.cache.block_size),

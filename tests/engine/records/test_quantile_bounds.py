@@ -3,7 +3,8 @@ says None where the samples are too few to bound it."""
 import numpy as np
 import pytest
 
-from stallfree.engine.records.quantile_bounds import p99_tbt_evidence, quantile_interval
+from stallfree.engine.records.quantile_bounds import p99_tbt_evidence, prefill_gaps, quantile_interval
+from tests.helpers.batch_records import example_batch_record
 
 
 def test_the_interval_covers_the_true_p99_at_least_95_percent_of_the_time():
@@ -34,3 +35,12 @@ def test_the_evidence_counts_the_gaps_and_requests_the_p99_rests_on():
     evidence = p99_tbt_evidence(np.r_[np.ones(995), np.full(5, 100.0), np.nan], num_requests=20)
     assert (evidence["tbt_gaps"], evidence["tbt_requests"]) == (1000, 20)
     assert evidence["p99_tbt_low_ms"] == 1.0 and evidence["p99_tbt_high_ms"] == 100.0
+
+
+def test_prefill_gaps_are_those_ending_in_an_iteration_with_prefill_work():
+    batches = [example_batch_record(iteration=i, end_time=float(i), num_prefill_tokens=prefill)
+               for i, prefill in enumerate([8, 8, 0, 4, 0])]
+    # gaps ending at 2 (decode only), 3 (a prefill chunk rode along) and 4; at 4 again; a failed request's none
+    assert prefill_gaps([[1.0, 2.0, 3.0, 4.0], [3.0, 4.0], None], batches) == 1
+    assert prefill_gaps([[1.0, 2.0]], None) is None  # a server that is not ours reports no iterations
+    assert prefill_gaps([[10.5, 11.5]], batches) is None  # token times of another clock: no iteration's end

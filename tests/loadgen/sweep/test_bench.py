@@ -34,6 +34,8 @@ def check_sweep(exp_dir: Path, target: str, with_batches: bool) -> None:
         assert config["scheduler"]["policy"] == s["scheduler"] and config["qps"] == s["qps"]
         assert config["workload"]["lengths"] == {"kind": "fixed", "prompt": 32, "output": 8}
         assert (d / "batches.parquet").is_file() == with_batches
+        # the gaps that ended in an iteration with prefill work: counted where the engine's iterations are known
+        assert (0 <= s["tbt_prefill_gaps"] <= s["tbt_gaps"]) if with_batches else s["tbt_prefill_gaps"] is None
     table = pd.read_parquet(exp_dir / "summary.parquet")
     assert sorted(table["run_id"]) == [d.name for d in dirs]
 
