@@ -27,6 +27,7 @@ class Point:
     reason: str = ""  # the failed rules' values against their bounds (all rules' when it passed)
     disturbed: bool = False  # the run that decided the point was disturbed (loadgen.sweep.cpu_share)
     tbt_gaps: int | None = None  # the token gaps its P99 TBT rests on
+    tbt_requests: int | None = None  # the ok requests they came from
     tbt_prefill_gaps: int | None = None  # of those, the gaps that ended in an iteration with prefill work
     p99_tbt_low_ms: float | None = None  # the P99 TBT's 95% interval (engine/records/quantile_bounds.py)
     p99_tbt_high_ms: float | None = None
@@ -55,7 +56,7 @@ def point_from_summary(summary: dict, slo_tbt_ms: float, capacity: CapacityGroup
                  summary["completed"] + summary["failed"], summary["completion_ratio"],
                  summary["median_client_scheduling_delay_ms"], summary["client_scheduling_delay_growth_ms"],
                  [r.rule for r in results if not r.passed], reason(results), bool(summary.get("disturbed")),
-                 summary.get("tbt_gaps"), summary.get("tbt_prefill_gaps"), low, high,
+                 summary.get("tbt_gaps"), summary.get("tbt_requests"), summary.get("tbt_prefill_gaps"), low, high,
                  tbt_verdict_sure(low, high, slo_tbt_ms))
 
 

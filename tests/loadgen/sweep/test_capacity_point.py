@@ -31,6 +31,7 @@ def interval_run_point(sent: list, intervals: dict[int, tuple], completion: floa
                 "failed": 0, "p99_tbt_ms": p99, "median_scheduling_delay_ms": None, "completion_ratio": completion,
                 "peak_in_flight": 2, "median_client_scheduling_delay_ms": 0.0,
                 "client_scheduling_delay_growth_ms": 0.0, "tbt_gaps": 10 * cfg.num_requests,
+                "tbt_requests": cfg.num_requests, "tbt_prefill_gaps": cfg.num_requests,
                 "p99_tbt_low_ms": low, "p99_tbt_high_ms": high}
     return fake_run_point
 
@@ -45,6 +46,7 @@ def test_a_lucky_pass_on_an_unsure_p99_is_measured_again_and_decided_by_the_long
     [point] = record["points"]
     assert (point["passed"], point["num_requests"], point["tbt_verdict_sure"]) == (False, 160, True)
     assert point["unsure_remeasured"] == 1 and record["unsure_tbt_points"] == 0
+    assert (point["tbt_gaps"], point["tbt_requests"], point["tbt_prefill_gaps"]) == (1600, 160, 160)  # its evidence
     assert record["capacity_display"].startswith("<")
     assert ("qps 4: 80 requests, P99 TBT 90 ms, its 95% interval [20, ?] ms straddles the SLO 100 ms: measuring "
             "again with 160") in capsys.readouterr().out
