@@ -55,6 +55,14 @@ class RequestRecord:
                    finish_time=None, session_id=spec.session_id,
                    turn=spec.turn if spec.session_id is not None else None, session_end=spec.session_end)
 
+    @classmethod
+    def after_failed_turn(cls, spec: RequestSpec, failed: RequestRecord, *, intended_send_time: float,
+                          is_warmup: bool) -> RequestRecord:
+        """The record of a session's turn never sent because an earlier turn of it (``failed``) failed."""
+        record = cls.unsent(spec, intended_send_time=intended_send_time, is_warmup=is_warmup)
+        record.error = session_ended(failed)
+        return record
+
     def mark_sent(self, send_time: float) -> None:
         self.send_time, self.error = send_time, None
 

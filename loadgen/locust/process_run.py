@@ -22,7 +22,7 @@ from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 from locust.runners import WorkerRunner
 
-from stallfree.engine.records import RequestRecord, RequestSpec, session_ended
+from stallfree.engine.records import RequestRecord, RequestSpec
 from stallfree.engine.records.client_pace import MAX_SCHEDULE_LAG_P99_MS
 from stallfree.loadgen.locust.llm_events import LiveEvents
 from stallfree.loadgen.locust.schedule import process_groups
@@ -72,9 +72,8 @@ class ProcessRun:
             intended = (before.finish_time or time.time()) + spec.think_time_s
             if before.status != "ok":
                 for rest in group[k:]:
-                    record = RequestRecord.unsent(rest, intended_send_time=intended, is_warmup=False)
-                    record.error = session_ended(before)
-                    self.record(record)
+                    self.record(RequestRecord.after_failed_turn(rest, before, intended_send_time=intended,
+                                                                is_warmup=False))
                 return
             gevent.sleep(max(0.0, intended - time.time()))
             before = self.send(client, spec, intended, cap)

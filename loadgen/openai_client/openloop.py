@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from stallfree.engine.records import RequestRecord, session_ended
+from stallfree.engine.records import RequestRecord
 from stallfree.engine.records.request_spec import RequestSpec, session_groups
 from stallfree.loadgen.openai_client.client import HttpClient, send_request
 
@@ -103,8 +103,8 @@ def _end_session(records: list, turns: list[int], specs: Sequence[RequestSpec], 
                  failed: RequestRecord, progress: Callable[[RequestRecord], None] | None) -> None:
     """The turns after a failed one: rows never sent, saying why."""
     for i in turns:
-        records[i] = RequestRecord.unsent(specs[i], intended_send_time=intended[turns[0]], is_warmup=i < warmup)
-        records[i].error = session_ended(failed)
+        records[i] = RequestRecord.after_failed_turn(specs[i], failed, intended_send_time=intended[turns[0]],
+                                                     is_warmup=i < warmup)
         if progress is not None:
             progress(records[i])
 
