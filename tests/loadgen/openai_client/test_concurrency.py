@@ -1,5 +1,6 @@
-"""arrival.max_concurrency in the HTTP dispatcher: a closed loop's throughput is N / latency, and a request the
-cap holds back records its wait, which is the gap between its latencies from the scheduled and the actual send."""
+"""arrival.max_concurrency in the HTTP dispatcher: a closed loop's throughput is at most N / latency and each
+wave waits for the ones before it; a request the cap holds back records its wait, which is the gap between its
+latencies from the scheduled and the actual send."""
 import pytest
 
 from stallfree.engine.records.request_metrics import request_metrics, summarize
@@ -30,14 +31,15 @@ def test_closed_loop_throughput_is_concurrency_over_latency(fixed_latency_url, c
     summary = summarize(requests_frame(records))
     assert summary["completed"] == len(specs)
     assert summary["peak_in_flight"] == concurrency
-    expected = concurrency / (LATENCY_MS / 1e3)
-    # a closed loop, not an open one (that would be len(specs) / LATENCY); how close to N / L it comes on a quiet
-    # machine is a figure of benchmarks/closed_loop.py
-    assert summary["request_throughput"] == pytest.approx(expected, rel=0.25), summary
+    # a closed loop, not an open one (that would be WAVES times this): the bound holds however slow the machine;
+    # how close to N / L it comes on a quiet machine is a figure of benchmarks/closed_loop.py
+    assert summary["request_throughput"] <= 1.02 * concurrency / (LATENCY_MS / 1e3), summary
     # waiting for a slot is the cap's doing, not a client that fell behind its schedule (a burst of 64 first
     # sends takes the client itself over 10 ms on 2 cores)
     assert concurrency > 8 or not summary["client_fell_behind"]
-    assert summary["client_wait_max_ms"] >= 0.9 * (WAVES - 1) * LATENCY_MS  # the last wave waited for three
+    waits_ms = sorted(1e3 * (r.client_wait_s or 0.0) for r in records)
+    for i, wait_ms in enumerate(waits_ms):  # wave k waited for k waves before it to end
+        assert wait_ms >= 0.9 * (i // concurrency) * LATENCY_MS, (i, waits_ms)
 
 
 def test_latency_from_scheduled_and_actual_send_differ_by_the_client_wait(fixed_latency_url):
