@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stallfree.engine.config_checks import is_number, require
+from stallfree.engine.config_checks import ConfigError, is_number, require
 
 # Names the engine checks itself when it starts (their choices live with the code that uses them).
 MODEL_NAMES = ("model", "dtype", "device", "attention_backend", "runner", "clock")
+DISAGGREGATIONS = (None, "1p1d")  # parallel.disaggregation: one prefill instance and one decode instance
 
 
 @dataclass
@@ -95,12 +96,16 @@ class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks that split each layer by attention heads and MLP columns
     pipeline_parallel_size: int = 1  # ranks that each run a contiguous stage of layers
     startup_timeout_s: float = 120.0  # for every rank to join (the error names the ranks that did not)
+    # prefill and decode on instances of their own (engine/distributed/remote_prefill.py): 1p1d; None: colocated
+    disaggregation: str | None = None
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
             require(getattr(self, key) >= 1, f"parallel.{key}", "an integer >= 1", getattr(self, key))
         require(is_number(self.startup_timeout_s) and self.startup_timeout_s > 0, "parallel.startup_timeout_s",
                 "a number > 0", self.startup_timeout_s)
+        require(self.disaggregation in DISAGGREGATIONS, "parallel.disaggregation", "1p1d or null",
+                self.disaggregation)
 
     @property
     def world_size(self) -> int:
@@ -113,6 +118,22 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.parallel.disaggregation is not None:
+            self._check_disaggregation()
+
+    def _check_disaggregation(self) -> None:
+        """The other sections' keys a disaggregated deployment (engine/distributed/remote_prefill.py) needs."""
+        keys = f"parallel.disaggregation={self.parallel.disaggregation}"
+        if self.parallel.world_size > 1:
+            raise ConfigError(f"{keys} runs each instance in one process: set parallel.tensor_parallel_size and "
+                              "parallel.pipeline_parallel_size to 1")
+        if self.model.runner != "model" or self.model.deployment is not None:
+            raise ConfigError(f"{keys} needs model.runner=model (a real model, no simulated deployment)")
+        if not self.cache.enable_prefix_caching:
+            raise ConfigError(f"{keys} moves each prompt's KV through the prefix cache: set "
+                              "cache.enable_prefix_caching=true")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

@@ -4,29 +4,34 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from typing import TYPE_CHECKING
 
+from stallfree.engine.batch_recorder import BatchRecorder
 from stallfree.engine.config import EngineConfig
 from stallfree.engine.device import choose_dtype, resolve_device
 from stallfree.engine.executor import make_executor
-from stallfree.engine.kv_cache import KVCacheManager, blocks_for
+from stallfree.engine.kv_cache import KVCacheManager
 from stallfree.engine.model.arch import ArchConfig
 from stallfree.engine.model.presets import resolve_model_path
-from stallfree.engine.outputs import RequestOutput
+from stallfree.engine.outputs import RequestOutput, request_output
 from stallfree.engine.prefix_cache import PrefixCachingKVCacheManager
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.request import Request, RequestStatus, SamplingParams
-from stallfree.engine.request_limits import check_context_length, check_prompt_ids
+from stallfree.engine.request_limits import check_context_length, check_kv_budget, check_prompt_ids
 from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
 from stallfree.engine.runner.clock import Clock
-from stallfree.engine.runner.runner_output import ModelRunnerOutput
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.simulator.fitting.cost_model import CostModel
 from stallfree.engine.simulator.fitting.profile import resolve_cost_model
-from stallfree.engine.tokenizer import first_lone_surrogate, load_tokenizer
+from stallfree.engine.tokenizer import load_tokenizer, prompt_token_ids
 from stallfree.engine.utilization import make_meter
 
+if TYPE_CHECKING:
+    from stallfree.engine.distributed.remote_prefill import RemotePrefill
+
 DEFAULT_MAX_MODEL_LEN = 4096
+IDLE_POLL_S = 0.005  # how long a step with nothing to run waits for a prefilled prompt before it returns
 MAX_ERROR_CHARS = 500  # of the exception message a failed request reports
 logger = logging.getLogger("stallfree.engine")
 
@@ -39,13 +44,10 @@ class LLMEngine:
         mc, cc = config.model, config.cache
         self.simulation = None
         if mc.deployment is not None:  # a simulated GPU deployment: a model shape, no checkpoint
-            from stallfree.engine.simulator.build import build_simulation
+            from stallfree.engine.simulator.build import bounded_by_deployment, build_simulation
 
             self.simulation = build_simulation(config)
-            batch_limit = min(config.scheduler.max_num_seqs, self.simulation.deployment.max_batch_size)
-            config = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler,
-                                                                               max_num_seqs=batch_limit))
-            path, arch = None, self.simulation.arch
+            config, path, arch = bounded_by_deployment(config, self.simulation), None, self.simulation.arch
         else:
             path = resolve_model_path(mc.model)
             arch = ArchConfig.from_dir(path)
@@ -63,6 +65,11 @@ class LLMEngine:
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = set(arch.eos_token_ids) or ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.vocab_size = arch.vocab_size
+        pd = None  # engine/distributed/remote_prefill.py, for a disaggregated deployment
+        if config.parallel.disaggregation is not None:  # before the model loads: a bad deployment fails fast
+            from stallfree.engine.distributed import remote_prefill as pd
+
+            pd.prepare_decode_instance(config, self.device)
         self.batches: BatchRunner
         self.clock: Clock
         self.runner, self.batches, self.clock, num_blocks = make_executor(
@@ -76,10 +83,13 @@ class LLMEngine:
         self.scheduler.snapshot_block_tables = self.batches.reads_block_tables
         self.utilization = make_meter(mc.runner, self.batches, arch, self.device, self.dtype, self.dtype_choice.weight_dtype)
         self.batch_records: list[BatchRecord] = []
+        self.recorder = BatchRecorder(self.kv, self.utilization)
+        self.remote_prefill: RemotePrefill | None = None  # the prefill instance of a disaggregated deployment
+        if pd is not None:
+            self.remote_prefill = pd.RemotePrefill.start(config, type(self).from_config)
+            self.recorder.instance = "decode-0"
         self.dead: str | None = None  # why the runner can run no more (a worker process died)
         self._ids = itertools.count()
-        self._iterations = itertools.count()  # kept apart from batch_records, which a server may drain
-        self._prefix_counts = (0, 0, 0)  # the KV manager's prefix-cache counters at the last record
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -95,7 +105,8 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        """Requests not yet admitted, those still with a prefill instance included."""
+        return len(self.scheduler.waiting) + (0 if self.remote_prefill is None else self.remote_prefill.num_waiting)
 
     @property
     def num_running(self) -> int:
@@ -119,7 +130,7 @@ class LLMEngine:
         return self.kv.reset_prefix_cache()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.num_waiting > 0
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
@@ -127,34 +138,31 @@ class LLMEngine:
         self.check_alive()
         params = params or SamplingParams()
         params.validate()
-        if isinstance(prompt, str) and self.tokenizer is None:
-            raise ValueError(f"text prompts need a tokenizer: {self.no_tokenizer_reason}")
-        if isinstance(prompt, str) and (surrogate := first_lone_surrogate(prompt)) is not None:
-            raise ValueError(f"prompt has a lone UTF-16 surrogate at index {surrogate} (not valid Unicode)")
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = prompt_token_ids(prompt, self.tokenizer, self.no_tokenizer_reason)
         check_prompt_ids(token_ids, self.vocab_size)
         check_context_length(len(token_ids), None, self.max_model_len)
         if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.batches.computes_logits:
             raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or (self.remote_prefill is not None
+                                                     and request_id in self.remote_prefill):
             raise ValueError(f"duplicate request_id {request_id!r}")
         request = Request(request_id, token_ids, params,
                           self.clock() if arrival_time is None else arrival_time, self.max_model_len)
-        needed = blocks_for(request.max_num_tokens, self.kv.block_size)
-        if needed > self.kv.num_blocks - self.kv.watermark_blocks:
-            budget = ("cache.gpu_memory_utilization (LLM(gpu_memory_utilization=...))" if self.device.type == "cuda"
-                      else "cache.kv_memory_gib (LLM(kv_memory_gib=...))")
-            raise ValueError(f"request needs {needed} KV blocks but the cache has {self.kv.num_blocks}; "
-                             f"raise {budget} or lower max_tokens")
-        self.scheduler.add_request(request)
+        check_kv_budget(request.max_num_tokens, self.kv, self.device.type == "cuda")
+        if self.remote_prefill is not None:
+            self.remote_prefill.submit(request)
+        else:
+            self.scheduler.add_request(request)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """End an unfinished request; its final output (finish_reason "abort"), or None if it was not live."""
         request = self.scheduler.requests.get(request_id)
         if request is None:
-            return None
+            if self.remote_prefill is None or (request := self.remote_prefill.abort(request_id, self.clock())) is None:
+                return None
+            return self._output(request, [])
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED, self.clock())
         return self._output(request, [])
 
@@ -174,13 +182,17 @@ class LLMEngine:
         return outputs
 
     def _run_until_finished(self, finished_only: bool, outputs: list[RequestOutput]) -> None:
-        batches = self.batches
+        batches, remote = self.batches, self.remote_prefill
         while True:
+            if remote is not None:
+                outputs += self._take_prefilled(0.0)
             now = self.clock()
             if self._apply(batches.pop_finished(now), finished_only, outputs):
                 return
             if not batches.full:
                 scheduler_output = self.scheduler.schedule(now)
+                if remote is not None:
+                    remote.release_admitted(self.kv, self.scheduler.requests)
                 if scheduler_output.units:
                     batches.submit(scheduler_output, now)
                     if self._apply(batches.pop_finished(self.clock()), finished_only, outputs):
@@ -188,6 +200,10 @@ class LLMEngine:
                     continue  # a pipeline with room: the next micro-batch
             if batches.wait():
                 continue
+            if remote is not None and remote.num_waiting and not self.scheduler.has_unfinished():
+                outputs += self._take_prefilled(IDLE_POLL_S)  # idle until a prefilled prompt arrives
+                if self.scheduler.has_unfinished():
+                    continue
             arrival = self.scheduler.next_arrival_time()
             if arrival is not None:
                 self.clock.idle_until(arrival)
@@ -208,26 +224,17 @@ class LLMEngine:
             for request in updated:
                 if request.logprobs is not None:
                     request.logprobs.append(result.sample_logprobs[request.request_id])
-            self._record(scheduler_output, batch.start_s, batch.end_s, result)
+            self.batch_records.append(self.recorder.record(scheduler_output, batch.start_s, batch.end_s, result,
+                                                           len(self.scheduler.waiting), self.num_running))
             outputs += self._outputs(updated, finished_only) + failed
         return len(finished)
 
-    def _record(self, out: SchedulerOutput, start: float, end: float, result: ModelRunnerOutput) -> None:
-        kv, last = self.kv, self._prefix_counts
-        self._prefix_counts = (kv.num_query_tokens, kv.num_hit_tokens, kv.num_evictions)
-        queried, cached, evicted = (now - before for now, before in zip(self._prefix_counts, last, strict=True))
-        self.batch_records.append(BatchRecord(
-            iteration=next(self._iterations), start_time=start, end_time=end,
-            num_prefill_tokens=out.num_prefill_tokens, num_decode_tokens=out.num_decode_tokens,
-            num_prefill_seqs=out.num_prefill_seqs, num_decode_seqs=out.num_decode_seqs,
-            prefill_attention_work=out.prefill_attention_work, decode_context_tokens=out.decode_context_tokens,
-            num_preemptions=len(out.preempted_request_ids), num_kv_blocks_used=self.kv.num_used_blocks,
-            num_waiting=self.num_waiting, num_running=self.num_running,
-            stage_busy_s=list(result.stage_busy_s), stage_idle_s=list(result.stage_idle_s),
-            stage_handoff_s=list(result.stage_handoff_s),
-            cpu_threads=result.cpu_threads, prefix_cache_queried_tokens=queried, num_cached_tokens=cached,
-            num_kv_blocks_evicted=evicted, num_kv_blocks_cached=kv.num_cached_free_blocks,
-            **self.utilization.fields(out.units, end - start, result.operator_split)))
+    def _take_prefilled(self, timeout_s: float) -> list[RequestOutput]:
+        """Hand the requests whose prompts' KV came back from the prefill instance to the scheduler; the outputs
+        of those it failed on."""
+        failed = self.remote_prefill.deliver(self.kv, self.runner, self.scheduler.add_request, self.clock,
+                                             timeout_s)
+        return [self._output(request, [], error=error) for request, error in failed]
 
     def check_alive(self) -> None:
         """Raise RunnerDead once the runner can run no more (its cause in the message)."""
@@ -235,8 +242,10 @@ class LLMEngine:
             raise RunnerDead(self.dead)
 
     def shutdown(self) -> None:
-        """Stop the runner's worker processes, if it has any (again: a no-op)."""
+        """Stop the runner's worker processes and the prefill instance, if it has any (again: a no-op)."""
         self.batches.shutdown()
+        if self.remote_prefill is not None:
+            self.remote_prefill.shutdown()
 
     def _die(self, exc: RunnerDead) -> list[RequestOutput]:
         """End every unfinished request with ``exc`` as its error; later calls raise it."""
@@ -244,6 +253,8 @@ class LLMEngine:
         now, requests = self.clock(), list(self.scheduler.requests.values())
         for request in requests:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, now)
+        if self.remote_prefill is not None:
+            requests += self.remote_prefill.end_all(now)
         return [self._output(request, [], error=self.dead) for request in requests]
 
     def reconfigure_scheduler(self, **knobs) -> None:
@@ -261,6 +272,8 @@ class LLMEngine:
     def pop_batch_records(self) -> list[BatchRecord]:
         """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""
         records, self.batch_records = self.batch_records, []
+        if self.remote_prefill is not None:
+            records, self.remote_prefill.batch_records = self.remote_prefill.batch_records + records, []
         return records
 
     # -- internals ---------------------------------------------------------------------------------
@@ -283,14 +296,4 @@ class LLMEngine:
         return [self._output(request, request.output_token_ids[-1:]) for request in updated]
 
     def _output(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
-        finished = request.status.finished
-        return RequestOutput(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            token_ids=list(request.output_token_ids), new_token_ids=new_tokens,
-            # Decoding the whole output every step is quadratic: only finished outputs carry text.
-            text=self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-            if finished and self.tokenizer is not None else "",
-            finished=finished, finish_reason=request.status.value if finished else None,
-            metrics=request.metrics, error=error,
-            logprobs=None if request.logprobs is None else list(request.logprobs),
-            prompt_logprobs=request.prompt_logprobs)
+        return request_output(request, new_tokens, self.tokenizer, error)

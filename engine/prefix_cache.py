@@ -10,6 +10,8 @@ failed request computed itself go back to the free list forgotten.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stallfree.engine.block_pool import BlockKey, PrefixBlockPool, extend_block_keys
 from stallfree.engine.kv_cache import KVCacheManager, blocks_for
 from stallfree.engine.request import Request, RequestStatus
@@ -95,6 +97,31 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     def reset_prefix_cache(self) -> int:
         return self.pool.reset()
+
+    def take_in(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]] | None:
+        """Blocks for the full blocks of ``token_ids``, a prefix another engine computed
+        (engine/distributed/kv_transfer.py), each held once and named in the cache: the ones cached here
+        already are shared, the others allocated. The blocks and the indices of the allocated ones, whose KV the
+        caller writes before any step runs; the caller lets go of the blocks (``let_go``) once the request that
+        takes them as hits is admitted. None, with nothing held, when the free blocks less the watermark cannot
+        take them now."""
+        keys: list[BlockKey] = []
+        extend_block_keys(keys, token_ids, self.block_size)
+        pool = self.pool
+        blocks = [pool.cached.get(key) for key in keys]
+        shared = [block for block in blocks if block is not None]
+        written = [index for index, block in enumerate(blocks) if block is None]
+        if len(written) + pool.num_free_taken_by(shared) > pool.num_free - self.watermark_blocks:
+            return None
+        pool.hold(shared)
+        for index, block in zip(written, pool.allocate(len(written)), strict=True):
+            pool.cache(block, keys[index])
+            blocks[index] = block
+        return blocks, written
+
+    def let_go(self, blocks: Sequence[int]) -> None:
+        """Drop the hold ``take_in`` took: the blocks stay cached, evicted least recently used first."""
+        self.pool.release(blocks)
 
     def _hits(self, request: Request) -> list[int]:
         """The cached blocks a request not yet admitted would share: its leading full blocks short of its last

@@ -75,6 +75,9 @@ class RequestMetrics:
     finish_time: float | None = None  # when it finished or was aborted
     num_preemptions: int = 0  # times it was preempted (and recomputed)
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache when it was first admitted
+    kv_transfer_bytes: int | None = None  # its prompt's KV from the prefill instance (parallel.disaggregation)
+    kv_transfer_start: float | None = None  # when the decode instance began to receive it
+    kv_transfer_end: float | None = None  # when it had all of it
 
 
 class Request:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Below this a temperature is greedy (as in vLLM): logits / 1e-40 overflow float32 to inf, and NaN.
@@ -130,3 +131,14 @@ def _bound(x: float) -> str:
     if x == 2**64 - 1:
         return "2^64-1"
     return f"{x:g}"
+
+
+def check_kv_budget(num_tokens: int, kv: Any, on_gpu: bool) -> None:
+    """ValueError, naming the knob to raise, unless a request of up to ``num_tokens`` fits ``kv``'s cache (a
+    KVCacheManager, less its watermark) alone."""
+    needed, total_blocks = -(-num_tokens // kv.block_size), kv.num_blocks
+    if needed > total_blocks - kv.watermark_blocks:
+        budget = ("cache.gpu_memory_utilization (LLM(gpu_memory_utilization=...))" if on_gpu
+                  else "cache.kv_memory_gib (LLM(kv_memory_gib=...))")
+        raise ValueError(f"request needs {needed} KV blocks but the cache has {total_blocks}; "
+                         f"raise {budget} or lower max_tokens")

@@ -23,6 +23,17 @@ def first_lone_surrogate(text: str) -> int | None:
     return None
 
 
+def prompt_token_ids(prompt: str | list[int], tokenizer: object | None, no_tokenizer_reason: str) -> list[int]:
+    """A prompt's token ids: a text prompt encoded, ValueError where it cannot be (no tokenizer, bad Unicode)."""
+    if not isinstance(prompt, str):
+        return list(prompt)
+    if tokenizer is None:
+        raise ValueError(f"text prompts need a tokenizer: {no_tokenizer_reason}")
+    if (surrogate := first_lone_surrogate(prompt)) is not None:
+        raise ValueError(f"prompt has a lone UTF-16 surrogate at index {surrogate} (not valid Unicode)")
+    return tokenizer.encode(prompt)
+
+
 def load_tokenizer(model_dir: Path, tokenizer: str | None, skip_tokenizer_init: bool) -> tuple[object | None, str]:
     """(the tokenizer, or None and why there is none). ``tokenizer`` (a directory or preset) replaces the
     model directory's own; a model directory without tokenizer files loads without one (token-id

@@ -36,6 +36,7 @@ class BatchRecord:
     # the part of each stage's idle time spent taking the micro-batch once it was sent and the stage free
     stage_handoff_s: list[float] = field(default_factory=list)
     cpu_threads: int = 0  # CPU threads the iteration ran with (engine/runner/cpu_threads.py); 0: not on the CPU
+    instance: str | None = None  # the instance of a disaggregated deployment that ran it (prefill-0, decode-0)
     # Prefix caching (engine/prefix_cache.py; all 0 without it), counted since the previous record:
     prefix_cache_queried_tokens: int = 0  # tokens of the requests admitted, looked up in the cache
     num_cached_tokens: int = 0  # of those, tokens taken from the cache (not computed)

@@ -3,6 +3,7 @@
 model shape: no checkpoint, no tokenizer) and the KV blocks of the memory plan."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from stallfree.engine.config import EngineConfig
@@ -41,3 +42,9 @@ def build_simulation(config: EngineConfig) -> Simulation:
     arch = arch_from_shape(resolved.shape, mc.max_model_len or DEFAULT_MAX_MODEL_LEN)
     memory = plan_memory(deployment, resolved.shape, resolved.gpu, config.cache.block_size)
     return Simulation(deployment, resolved, arch, memory)
+
+
+def bounded_by_deployment(config: EngineConfig, simulation: Simulation) -> EngineConfig:
+    """``config`` with ``scheduler.max_num_seqs`` at most the deployment's batch size."""
+    batch_limit = min(config.scheduler.max_num_seqs, simulation.deployment.max_batch_size)
+    return dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, max_num_seqs=batch_limit))

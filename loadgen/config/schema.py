@@ -199,6 +199,7 @@ class BenchConfig(EngineConfig):
     def __post_init__(self) -> None:
         from stallfree.loadgen.workload.request_specs import is_text_workload
 
+        super().__post_init__()
         check_engine(self)
         require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
         require(self.mode != "compare" or self.compare is not None, "mode",

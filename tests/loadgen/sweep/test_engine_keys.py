@@ -56,15 +56,25 @@ def assert_reached(engine: EngineConfig, values: dict[str, object]) -> None:
         assert getattr(getattr(engine, section), name) == value, key
 
 
+# Keys whose other value needs others at theirs (a disaggregated deployment: one process per instance, a prefix
+# cache), set on their own.
+ALONE = {"parallel.disaggregation": {"parallel.disaggregation": "1p1d", "cache.enable_prefix_caching": True}}
+
+
+def engine_config_of(values: dict[str, object], serve: bool, tmp_path: Path) -> EngineConfig:
+    if serve:
+        return _configs(overrides(values))[0]
+    composed = compose("bench", [*overrides(values), f"results_dir={tmp_path}"], "test")
+    return check(OmegaConf.create(composed)).engine_sections()
+
+
 @pytest.mark.parametrize("serve", [True, False], ids=["stallfree-serve", "stallfree-bench"])
 def test_every_engine_key_reaches_the_engine_config(serve, tmp_path):
-    values = {key: other_value(key, *typed_default, tmp_path, serve) for key, typed_default in engine_keys().items()}
-    if serve:
-        engine, _ = _configs(overrides(values))
-    else:
-        composed = compose("bench", [*overrides(values), f"results_dir={tmp_path}"], "test")
-        engine = check(OmegaConf.create(composed)).engine_sections()
-    assert_reached(engine, values)
+    values = {key: other_value(key, *typed_default, tmp_path, serve) for key, typed_default in engine_keys().items()
+              if key not in ALONE}
+    assert_reached(engine_config_of(values, serve, tmp_path), values)
+    for alone in ALONE.values():
+        assert_reached(engine_config_of(alone, serve, tmp_path), alone)
 
 
 def test_bench_cfg_job_shows_every_engine_key(tmp_path):
