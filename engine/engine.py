@@ -17,14 +17,14 @@ from stallfree.engine.outputs import RequestOutput, request_output
 from stallfree.engine.prefix_cache import PrefixCachingKVCacheManager
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.request import Request, RequestStatus, SamplingParams
-from stallfree.engine.request_limits import check_context_length, check_kv_budget, check_prompt_ids
+from stallfree.engine.request_intake import checked_request
 from stallfree.engine.runner.base import BatchRunner, FinishedBatch, RunnerDead
 from stallfree.engine.runner.clock import Clock
 from stallfree.engine.scheduler import make_scheduler
 from stallfree.engine.scheduler.output import SchedulerOutput
 from stallfree.engine.simulator.fitting.cost_model import CostModel
 from stallfree.engine.simulator.fitting.profile import resolve_cost_model
-from stallfree.engine.tokenizer import load_tokenizer, prompt_token_ids
+from stallfree.engine.tokenizer import load_tokenizer
 from stallfree.engine.utilization import make_meter
 
 if TYPE_CHECKING:
@@ -109,6 +109,11 @@ class LLMEngine:
         return len(self.scheduler.waiting) + (0 if self.remote_prefill is None else self.remote_prefill.num_waiting)
 
     @property
+    def num_prefilling_elsewhere(self) -> int:
+        """Requests a prefill instance is computing (parallel.disaggregation): work while this engine runs none."""
+        return 0 if self.remote_prefill is None else self.remote_prefill.num_prefilling
+
+    @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
@@ -126,7 +131,9 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (vLLM's reset_prefix_cache): the next requests compute their whole
-        prompts. How many blocks were cached; 0 without prefix caching."""
+        prompts (on a prefill instance too). How many blocks were cached here; 0 without prefix caching."""
+        if self.remote_prefill is not None:
+            self.remote_prefill.reset_prefix_cache()
         return self.kv.reset_prefix_cache()
 
     def has_unfinished(self) -> bool:
@@ -136,22 +143,10 @@ class LLMEngine:
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued then)."""
         self.check_alive()
-        params = params or SamplingParams()
-        params.validate()
-        token_ids = prompt_token_ids(prompt, self.tokenizer, self.no_tokenizer_reason)
-        check_prompt_ids(token_ids, self.vocab_size)
-        check_context_length(len(token_ids), None, self.max_model_len)
-        if (params.logprobs is not None or params.prompt_logprobs is not None) and not self.batches.computes_logits:
-            raise ValueError("logprobs and prompt_logprobs need a runner that computes logits (runner=model)")
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.scheduler.requests or (self.remote_prefill is not None
-                                                     and request_id in self.remote_prefill):
-            raise ValueError(f"duplicate request_id {request_id!r}")
-        request = Request(request_id, token_ids, params,
-                          self.clock() if arrival_time is None else arrival_time, self.max_model_len)
-        check_kv_budget(request.max_num_tokens, self.kv, self.device.type == "cuda")
+        request = checked_request(self, prompt, params, request_id, arrival_time)
         if self.remote_prefill is not None:
-            self.remote_prefill.submit(request)
+            self.remote_prefill.submit(request, self.clock())
         else:
             self.scheduler.add_request(request)
         return request_id
@@ -232,8 +227,10 @@ class LLMEngine:
     def _take_prefilled(self, timeout_s: float) -> list[RequestOutput]:
         """Hand the requests whose prompts' KV came back from the prefill instance to the scheduler; the outputs
         of those it failed on."""
-        failed = self.remote_prefill.deliver(self.kv, self.runner, self.scheduler.add_request, self.clock,
-                                             timeout_s)
+        remote = self.remote_prefill
+        failed = remote.deliver(self.kv, self.runner, self.scheduler.add_request, self.clock, timeout_s)
+        self.batch_records += remote.batch_records  # the prefill instance's, in the order they came
+        remote.batch_records = []
         return [self._output(request, [], error=error) for request, error in failed]
 
     def check_alive(self) -> None:
@@ -272,8 +269,6 @@ class LLMEngine:
     def pop_batch_records(self) -> list[BatchRecord]:
         """The BatchRecords since the last call, handed over (a long-running server must not keep them all)."""
         records, self.batch_records = self.batch_records, []
-        if self.remote_prefill is not None:
-            records, self.remote_prefill.batch_records = self.remote_prefill.batch_records + records, []
         return records
 
     # -- internals ---------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The prefill instance of a disaggregated deployment (``parallel.disaggregation=1p1d``): an engine of its own in
 a process of its own. It prefills each prompt it is sent (sampling one token it throws away), sends the KV of the
-prompt's full blocks to the decode instance over a gloo group (``kv_link``), and announces it on its pipe with the batch
-records since the last message. Messages in, on the pipe: ``("add", request_id, token_ids)``, ``("abort",
-request_id)``; out: ``("ready",)``, ``("kv", request_id, num_tokens, shape, dtype, records)`` after the tensor's
-send is posted (none for ``num_tokens`` 0), ``("failed", request_id, error, records)``, ``("died", error)``. The pipe closing stops it."""
+prompt's full blocks to the decode instance over a gloo group (``kv_link``), and announces it on its pipe with the
+batch records since the last message.
+
+Messages in, on the pipe: ``("add", request_id, token_ids)``, ``("abort", request_id)``, ``("reset", None)`` (its
+prefix cache). Out: ``("ready",)``; ``("kv", request_id, num_tokens, shape, dtype, records)`` once the tensor's
+send is posted (no tensor for ``num_tokens`` 0); ``("failed", request_id, error, records)``; ``("died", error)``.
+The pipe closing stops it."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,8 +73,10 @@ def _prefill(engine: Any, pipe: Connection, link: dist.ProcessGroupGloo) -> None
                     engine.add_request(rest[0], first_token_only, request_id=request_id)
                 except ValueError as exc:  # the decode instance took it: the two disagree on a limit
                     pipe.send(("failed", request_id, f"the prefill instance refused it: {exc}", []))
-            else:
+            elif kind == "abort":
                 engine.abort(request_id)
+            else:
+                engine.reset_prefix_cache()
         for out in engine.step(finished_only=True):
             if out.error is not None:
                 pipe.send(("failed", out.request_id, out.error, _records(engine)))

@@ -11,6 +11,8 @@ admitted.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import os
 import time
@@ -58,10 +60,12 @@ class RemotePrefill:
         self.workers = workers
         self.link: dist.ProcessGroupGloo | None = None
         self.pipe = workers.workers[0].pipe
+        self.upcoming: list[tuple[float, int, Request]] = []  # a heap by arrival time: not yet sent
+        self._order = itertools.count()  # ties in arrival time keep their order
         self.pending: dict[str, Request] = {}  # sent to the prefill instance; KV not here yet
         self.arrived: deque[tuple[Request, PrefixKv]] = deque()  # KV here, waiting for free blocks
         self.held: dict[str, list[int]] = {}  # blocks held for a request until it is admitted
-        self.batch_records: list[BatchRecord] = []  # the prefill instance's, as they come
+        self.batch_records: list[BatchRecord] = []  # the prefill instance's, as they come (taken by the engine)
 
     @classmethod
     def start(cls, config: Any, build_engine: Callable[[Any], Any]) -> RemotePrefill:
@@ -98,9 +102,16 @@ class RemotePrefill:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> None:
-        self.pending[request.request_id] = request
-        self._send(("add", request.request_id, request.prompt_token_ids))
+    def submit(self, request: Request, now: float) -> None:
+        """Send ``request`` to the prefill instance at its arrival time (now, or when a step finds it due)."""
+        heapq.heappush(self.upcoming, (request.metrics.arrival_time, next(self._order), request))
+        self._send_due(now)
+
+    def _send_due(self, now: float) -> None:
+        while self.upcoming and self.upcoming[0][0] <= now:
+            request = heapq.heappop(self.upcoming)[2]
+            self.pending[request.request_id] = request
+            self._send(("add", request.request_id, request.prompt_token_ids))
 
     def _send(self, message: tuple) -> None:
         try:
@@ -108,31 +119,45 @@ class RemotePrefill:
         except OSError:  # the prefill instance is gone: the next step finds out why and ends the requests
             pass
 
+    def reset_prefix_cache(self) -> None:
+        """Empty the prefill instance's prefix cache before it takes its next request."""
+        self._send(("reset", None))
+
     def abort(self, request_id: str, now: float) -> Request | None:
         """End a request not yet handed to the decode scheduler, aborted; None if it is not here."""
-        request = self.pending.pop(request_id, None)
-        if request is not None:
+        if request_id in self.pending:
             self._send(("abort", request_id))
-            return _end(request, RequestStatus.FINISHED_ABORTED, now)
-        for index, (waiting, _) in enumerate(self.arrived):
-            if waiting.request_id == request_id:
-                del self.arrived[index]
-                return _end(waiting, RequestStatus.FINISHED_ABORTED, now)
+            return _end(self.pending.pop(request_id), RequestStatus.FINISHED_ABORTED, now)
+        for queue in (self.upcoming, self.arrived):
+            for index, entry in enumerate(queue):
+                if (request := entry[-1] if queue is self.upcoming else entry[0]).request_id == request_id:
+                    del queue[index]
+                    heapq.heapify(self.upcoming)
+                    return _end(request, RequestStatus.FINISHED_ABORTED, now)
         return None
 
     def end_all(self, now: float) -> list[Request]:
         """End every request not yet handed to the decode scheduler with an error (the engine stopped)."""
-        requests = [*self.pending.values(), *(request for request, _ in self.arrived)]
+        requests = [*(entry[-1] for entry in self.upcoming), *self.pending.values(),
+                    *(request for request, _ in self.arrived)]
+        self.upcoming.clear()
         self.pending.clear()
         self.arrived.clear()
         return [_end(request, RequestStatus.FINISHED_ERROR, now) for request in requests]
 
     def __contains__(self, request_id: str) -> bool:
-        return request_id in self.pending or any(r.request_id == request_id for r, _ in self.arrived)
+        return request_id in self.pending or any(entry[-1].request_id == request_id for entry in self.upcoming) \
+            or any(request.request_id == request_id for request, _ in self.arrived)
 
     @property
     def num_waiting(self) -> int:
-        return len(self.pending) + len(self.arrived)
+        """Requests not yet handed to the decode scheduler."""
+        return len(self.upcoming) + len(self.pending) + len(self.arrived)
+
+    @property
+    def num_prefilling(self) -> int:
+        """Requests the prefill instance has and has not sent back."""
+        return len(self.pending)
 
     # -- the decode instance's step ------------------------------------------------------------------
 
@@ -142,7 +167,10 @@ class RemotePrefill:
         KV that fits into ``kv``'s cache and ``add`` its requests; the requests the prefill instance failed on,
         with the error. Transfers are timed on the engine's ``clock``. WorkerDied when the prefill instance is
         gone."""
-        failed = []
+        failed, now = [], clock()
+        self._send_due(now)
+        if self.upcoming and not self.pending:  # nothing to wait for before the next arrival
+            timeout_s = min(timeout_s, max(0.0, self.upcoming[0][0] - now))
         if not self.pipe.poll(timeout_s):
             self.workers.check()
         while self.pipe.poll():
@@ -170,6 +198,7 @@ class RemotePrefill:
             request.metrics.kv_transfer_bytes = tensor.numel() * tensor.element_size()
             request.metrics.kv_transfer_start, request.metrics.kv_transfer_end = start, clock()
             self.arrived.append((request, PrefixKv(request.prompt_token_ids[:num_tokens], tensor, kv.block_size)))
+        self._send_due(clock())
         while self.arrived:
             request, prefix = self.arrived[0]
             blocks = import_prefix(kv, runner, prefix)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from stallfree.engine.records import BatchRecord
 from stallfree.engine.records.client_pace import client_pace
+from stallfree.engine.records.kv_transfer_metrics import kv_transfer_summary
 from stallfree.engine.records.quantile_bounds import p99_tbt_evidence
 from stallfree.engine.records.session_metrics import session_summary
 
@@ -261,6 +262,7 @@ def summarize(requests: pd.DataFrame, slo_tbt_ms: float | None = None, slo_ttft_
         **client_pace(df),
         **pace_summary(df, unloaded_ttft),
         **session_summary(df),
+        **kv_transfer_summary(df),
         **p99_tbt_evidence(tbt, len(done)),
         "slo_tbt_ms": slo_tbt_ms,
         "slo_ttft_ms": slo_ttft_ms,

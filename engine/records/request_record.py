@@ -45,6 +45,10 @@ class RequestRecord:
     session_id: str | None = None  # a turn of a multi-turn session (loadgen.workload.sessions), else None
     turn: int | None = None  # its place in the session
     session_end: str | None = None  # on a session's last turn: why the session ends there
+    # its prompt's KV from a prefill instance to a decode instance (parallel.disaggregation; else None):
+    kv_transfer_bytes: int | None = None
+    kv_transfer_start: float | None = None  # the server's clock: when the decode instance began to receive it
+    kv_transfer_end: float | None = None  # ... and when it had all of it
 
     @classmethod
     def unsent(cls, spec: RequestSpec, *, intended_send_time: float, is_warmup: bool) -> RequestRecord:

@@ -18,6 +18,7 @@ from stallfree.engine.records.request_metrics import LATENCY_METRICS
 from stallfree.engine.records.summary_parts import (
     ClientPace,
     CpuReport,
+    KvTransfers,
     LatencyStats,
     OutputLengths,
     PipelineSummary,
@@ -34,7 +35,8 @@ VERSION_KEY = "summary_version"
 # the flat parts, in the order their keys are written (the latency statistics follow the totals)
 FLAT_PARTS = {"params": RunParams, "slo": SloSummary, "totals": RequestTotals, "pace": ClientPace,
               "sessions": SessionResults, "output_lengths": OutputLengths, "pipeline": PipelineSummary,
-              "cpu": CpuReport, "server": ServerSummary, "placement": Placement}
+              "cpu": CpuReport, "server": ServerSummary, "placement": Placement,
+              "kv_transfers": KvTransfers}
 STATS = {f.name: f.name.replace("p99_9", "p99.9") for f in dataclasses.fields(LatencyStats)}
 
 
@@ -67,6 +69,7 @@ class RunSummary:
     cpu: CpuReport = field(default_factory=CpuReport)
     server: ServerSummary = field(default_factory=ServerSummary)
     placement: Placement = field(default_factory=Placement)
+    kv_transfers: KvTransfers = field(default_factory=KvTransfers)
     version: int = SUMMARY_VERSION
 
     @classmethod

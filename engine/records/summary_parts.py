@@ -190,3 +190,13 @@ class ServerSummary:
     server_queue_growing: bool | None = None
     prefix_cache_reset: str | None = None  # reset, else "not reset: <why>"
     workload_ideal_hit_rate: float | None = None  # what an unbounded prefix cache would serve of the prompts
+
+
+@dataclass
+class KvTransfers:
+    """A disaggregated deployment's KV transfers (requests.parquet ``kv_transfer_*``); all None without them."""
+
+    kv_transfers: int | None = None  # measured requests whose prompt's KV was sent between instances
+    median_kv_transfer_bytes: float | None = None
+    median_kv_transfer_ms: float | None = None  # from the first byte received to the last
+    p99_kv_transfer_ms: float | None = None

@@ -39,10 +39,15 @@ class _Choice:
 
 
 def server_timings(m: RequestMetrics, num_tokens: int, finish_time: float | None) -> dict:
-    """The "stallfree" extension field: RequestMetrics of the first ``num_tokens`` tokens."""
-    return {"arrival_time": m.arrival_time, "first_scheduled_time": m.first_scheduled_time,
-            "first_token_time": m.first_token_time, "token_times": list(m.token_times[:num_tokens]),
-            "finish_time": finish_time, "num_preemptions": m.num_preemptions}
+    """The "stallfree" extension field: RequestMetrics of the first ``num_tokens`` tokens (and a disaggregated
+    deployment's KV transfer)."""
+    timings = {"arrival_time": m.arrival_time, "first_scheduled_time": m.first_scheduled_time,
+               "first_token_time": m.first_token_time, "token_times": list(m.token_times[:num_tokens]),
+               "finish_time": finish_time, "num_preemptions": m.num_preemptions}
+    if m.kv_transfer_bytes is not None:
+        timings |= {"kv_transfer_bytes": m.kv_transfer_bytes, "kv_transfer_start": m.kv_transfer_start,
+                    "kv_transfer_end": m.kv_transfer_end}
+    return timings
 
 
 def api_error(exc: Exception) -> APIError:

@@ -12,7 +12,8 @@ ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completion
 # server-side timing extension of the final chunk ("stallfree": {...}) -> record fields
 SERVER_FIELDS = {"arrival_time": "server_arrival_time", "first_scheduled_time": "server_first_scheduled_time",
                  "finish_time": "server_finish_time", "token_times": "server_token_times",
-                 "num_preemptions": "num_preemptions"}
+                 "num_preemptions": "num_preemptions", "kv_transfer_bytes": "kv_transfer_bytes",
+                 "kv_transfer_start": "kv_transfer_start", "kv_transfer_end": "kv_transfer_end"}
 CANCELLED = "cancelled while in flight"
 CANCELLED_AT_STOP = "cancelled at stop"  # a Locust test stopped (-t, Stop) with the request in flight
 NO_DONE = "stream ended without data: [DONE]"

@@ -42,6 +42,8 @@ def _end(record: RequestRecord, status: str, error: str | None, finish_time: flo
         record.server_first_scheduled_time = metrics.first_scheduled_time
         record.num_preemptions = metrics.num_preemptions
         record.cached_tokens = metrics.num_cached_tokens
+        record.kv_transfer_bytes = metrics.kv_transfer_bytes
+        record.kv_transfer_start, record.kv_transfer_end = metrics.kv_transfer_start, metrics.kv_transfer_end
     record.server_token_times = record.token_times
     record.server_finish_time = finish_time
     record.end(status, error, finish_time)
@@ -160,7 +162,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
                 if (request_id := heapq.heappop(by_arrival)[1]) in in_flight:
                     aborted = engine.abort(request_id)
                     done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
-        if len(engine.batch_records) == iterations and in_flight:
+        if len(engine.batch_records) == iterations and in_flight and not engine.num_prefilling_elsewhere:
             upcoming = bisect.bisect_right(arrivals, before)
             if upcoming == len(arrivals):
                 raise RuntimeError(f"engine stalled: {len(in_flight)} arrived requests, none runnable")

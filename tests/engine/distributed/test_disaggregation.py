@@ -97,3 +97,15 @@ def test_a_prefill_instance_that_dies_ends_its_requests_with_the_cause(tiny_path
     finally:
         engine.shutdown()
     assert not worker.is_alive()
+
+
+def test_a_request_goes_to_the_prefill_instance_at_its_arrival_time(pd_engine, prompts):
+    due = pd_engine.clock() + 0.3
+    pd_engine.add_request(prompts[4], SamplingParams(max_tokens=2, ignore_eos=True), request_id="later",
+                          arrival_time=due)
+    pd_engine.step()
+    assert pd_engine.num_prefilling_elsewhere == 0 and pd_engine.num_waiting == 1 and pd_engine.has_unfinished()
+    final = None
+    while pd_engine.has_unfinished():
+        final = next((out for out in pd_engine.step() if out.finished), final)
+    assert due <= final.metrics.kv_transfer_start <= final.metrics.first_token_time

@@ -59,7 +59,8 @@ BATCH_FIELDS = ("iteration", "start_time", "end_time", "num_prefill_tokens", "nu
                 "num_decode_seqs", "prefill_attention_work", "decode_context_tokens", "num_preemptions",
                 "num_kv_blocks_used", "num_waiting", "num_running", "stage_busy_s", "stage_idle_s")
 OUTPUT_FIELDS = ("request_id", "prompt_token_ids", "token_ids", "finished", "finish_reason", "metrics")
-RECORD_FIELDS_SINCE = ("cached_tokens", "client_wait_s", "session_id", "turn", "session_end")  # RequestRecord fields added after the digests were pinned
+RECORD_FIELDS_SINCE = ("cached_tokens", "client_wait_s", "session_id", "turn", "session_end", "kv_transfer_bytes",
+                       "kv_transfer_start", "kv_transfer_end")  # RequestRecord fields added after the digests were pinned
 METRICS_FIELDS = ("arrival_time", "first_scheduled_time", "first_token_time", "token_times", "finish_time",
                   "num_preemptions")
 

@@ -28,3 +28,17 @@ def test_a_refused_dropped_or_cut_connection_is_a_lost_server_an_answer_is_not()
         assert lost_connection(error), error
     for error in ("HTTP 400: bad prompt", "server error in stream: boom", None, "no complete response within 1 s"):
         assert not lost_connection(error), error
+
+
+def test_a_disaggregated_servers_kv_transfer_reaches_the_record():
+    from stallfree.engine.request import RequestMetrics
+    from stallfree.engine.server.generate import server_timings
+
+    colocated = RequestMetrics(arrival_time=1.0, token_times=[1.5])
+    assert "kv_transfer_bytes" not in server_timings(colocated, 1, 2.0)
+    moved = RequestMetrics(arrival_time=1.0, token_times=[1.5], kv_transfer_bytes=4096, kv_transfer_start=1.2,
+                           kv_transfer_end=1.25)
+    chunk = {"choices": [{"text": "", "finish_reason": "length"}], "stallfree": server_timings(moved, 1, 2.0)}
+    record = RequestRecord("r", "ok", None, False, 3, 1, 0, 0.0, 0.0, None, None)
+    apply_sse_event(json.dumps(chunk).encode(), 2.0, record)
+    assert (record.kv_transfer_bytes, record.kv_transfer_start, record.kv_transfer_end) == (4096, 1.2, 1.25)

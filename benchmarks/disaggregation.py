@@ -1,0 +1,86 @@
+"""Disaggregated prefill and decode against one process on this machine: ``parallel.disaggregation=1p1d`` (one
+core per instance) and colocated (one engine on every core), the same policy, model, workload and Poisson loads,
+each run a fresh ``stallfree-bench`` process (``target=inprocess``), the arms alternating within each round:
+TTFT and TBT P50 / P99, output throughput, and the 1P1D runs' KV transfers (bytes and milliseconds per request).
+
+    python -m benchmarks.disaggregation [--model small] [--qps 0.5,1,2] [--rounds 2] [--num-requests 32]
+        [--out benchmarks/results/disaggregation_cpu.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+BENCH = Path(sys.executable).parent / "stallfree-bench"
+ARMS = {"colocated": ["cache.enable_prefix_caching=true"],
+        "1p1d": ["cache.enable_prefix_caching=true", "parallel.disaggregation=1p1d"]}
+SUMMARY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms", "output_throughput", "completed",
+                "failed")
+
+
+def run_once(arm: str, qps: float, args: argparse.Namespace, results_dir: Path) -> dict:
+    cmd = [str(BENCH), f"model={args.model}", f"scheduler={args.policy}", f"scheduler.chunk_size={args.chunk_size}",
+           f"workload={args.workload}", "arrival=poisson", f"qps={qps}", f"num_requests={args.num_requests}",
+           "model.dtype=float32", f"results_dir={results_dir}", f"experiment_name={arm}-{qps}", *ARMS[arm]]
+    started = time.monotonic()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_dir = next(results_dir.glob(f"{arm}-{qps}/*/summary.json")).parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    out = {key: summary[key] for key in SUMMARY_KEYS} | {"wall_s": time.monotonic() - started}
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    if "kv_transfer_bytes" in requests and requests["kv_transfer_bytes"].notna().any():
+        moved = requests.dropna(subset=["kv_transfer_bytes"])
+        out["median_kv_transfer_bytes"] = float(moved["kv_transfer_bytes"].median())
+        out["median_kv_transfer_ms"] = float(1e3 * (moved["kv_transfer_end"] - moved["kv_transfer_start"]).median())
+    batches = pd.read_parquet(run_dir / "batches.parquet")
+    if "instance" in batches:
+        out["iterations_per_instance"] = {str(k): int(v) for k, v in batches["instance"].value_counts().items()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--policy", default="sarathi")
+    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--workload", default="arxiv")
+    parser.add_argument("--qps", default="0.5,1,2")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disaggregation_cpu.json"))
+    args = parser.parse_args()
+    loads = [float(q) for q in args.qps.split(",")]
+    runs: dict[str, dict[str, list[dict]]] = {arm: {str(q): [] for q in loads} for arm in ARMS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_index in range(args.rounds):
+            for qps in loads:
+                order = list(ARMS) if round_index % 2 == 0 else list(reversed(ARMS))
+                for arm in order:
+                    result = run_once(arm, qps, args, Path(tmp) / f"round{round_index}")
+                    runs[arm][str(qps)].append(result)
+                    print(f"round {round_index} qps {qps} {arm}: " + ", ".join(
+                        f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float)), flush=True)
+    ratios = {str(q): {key: [a[key] / b[key] for a, b in zip(runs["1p1d"][str(q)], runs["colocated"][str(q)],
+                                                               strict=True) if b[key]]
+                       for key in ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms",
+                                   "output_throughput")} for q in loads}
+    medians = {q: {key: statistics.median(values) for key, values in by_key.items() if values}
+               for q, by_key in ratios.items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "command": "python -m benchmarks.disaggregation " + " ".join(sys.argv[1:]),
+        "settings": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
+        "ratios_1p1d_over_colocated": ratios, "median_ratios_1p1d_over_colocated": medians}, indent=2) + "\n")
+    print(json.dumps(medians, indent=2))
+
+
+if __name__ == "__main__":
+    main()
