@@ -3,7 +3,7 @@ core per instance) and colocated (one engine on every core), the same policy, mo
 each run a fresh ``stallfree-bench`` process (``target=inprocess``), the arms alternating within each round:
 TTFT and TBT P50 / P99, output throughput, and the 1P1D runs' KV transfers (bytes and milliseconds per request).
 
-    python -m benchmarks.disaggregation [--model small] [--qps 0.5,1,2] [--rounds 2] [--num-requests 32]
+    python -m benchmarks.disaggregation [--model small] [--qps 1,2,4] [--rounds 2] [--num-requests 32] [--dtype auto]
         [--out benchmarks/results/disaggregation_cpu.json]
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ SUMMARY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms", 
 def run_once(arm: str, qps: float, args: argparse.Namespace, results_dir: Path) -> dict:
     cmd = [str(BENCH), f"model={args.model}", f"scheduler={args.policy}", f"scheduler.chunk_size={args.chunk_size}",
            f"workload={args.workload}", "arrival=poisson", f"qps={qps}", f"num_requests={args.num_requests}",
-           "model.dtype=float32", f"results_dir={results_dir}", f"experiment_name={arm}-{qps}", *ARMS[arm]]
+           f"model.dtype={args.dtype}", f"results_dir={results_dir}", f"experiment_name={arm}-{qps}", *ARMS[arm]]
     started = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     run_dir = next(results_dir.glob(f"{arm}-{qps}/*/summary.json")).parent
@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--policy", default="sarathi")
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--workload", default="arxiv")
-    parser.add_argument("--qps", default="0.5,1,2")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--qps", default="1,2,4")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disaggregation_cpu.json"))

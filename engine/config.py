@@ -98,6 +98,8 @@ class ParallelConfig:
     startup_timeout_s: float = 120.0  # for every rank to join (the error names the ranks that did not)
     # prefill and decode on instances of their own (engine/distributed/remote_prefill.py): 1p1d; None: colocated
     disaggregation: str | None = None
+    data_parallel_size: int = 1  # whole engines, each in a process, behind a router (engine/distributed/replicas.py)
+    router: str = "least_outstanding"  # which replica takes a request: least_outstanding | round_robin
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -106,6 +108,8 @@ class ParallelConfig:
                 "a number > 0", self.startup_timeout_s)
         require(self.disaggregation in DISAGGREGATIONS, "parallel.disaggregation", "1p1d or null",
                 self.disaggregation)
+        require(self.data_parallel_size >= 1, "parallel.data_parallel_size", "an integer >= 1",
+                self.data_parallel_size)
 
     @property
     def world_size(self) -> int:
@@ -122,6 +126,17 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.parallel.disaggregation is not None:
             self._check_disaggregation()
+        if self.parallel.data_parallel_size > 1:
+            self._check_replicas()
+
+    def _check_replicas(self) -> None:
+        """The other keys data-parallel replicas (engine/distributed/replicas.py) need."""
+        keys = f"parallel.data_parallel_size={self.parallel.data_parallel_size}"
+        if self.parallel.world_size > 1 or self.parallel.disaggregation is not None:
+            raise ConfigError(f"{keys} runs each replica as one process: set parallel.tensor_parallel_size and "
+                              "parallel.pipeline_parallel_size to 1 and parallel.disaggregation to null")
+        if self.model.runner != "model" or self.model.deployment is not None:
+            raise ConfigError(f"{keys} needs model.runner=model (a real model, no simulated deployment)")
 
     def _check_disaggregation(self) -> None:
         """The other sections' keys a disaggregated deployment (engine/distributed/remote_prefill.py) needs."""

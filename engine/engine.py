@@ -94,7 +94,12 @@ class LLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """The engine of ``config``, its cost model resolved first: a simulated runner without
-        ``model.cost_model`` is profiled on real engines of this model (once, cached), outside any constructor."""
+        ``model.cost_model`` is profiled on real engines of this model (once, cached), outside any constructor.
+        With ``parallel.data_parallel_size`` > 1, replicas of it behind a router, with this API."""
+        if config.parallel.data_parallel_size > 1:
+            from stallfree.engine.distributed.replicas import ReplicatedEngine
+
+            return ReplicatedEngine.start(config, cls.from_config)  # type: ignore[return-value]
         return cls(config, resolve_cost_model(config, cls))
 
     @classmethod
@@ -109,9 +114,9 @@ class LLMEngine:
         return len(self.scheduler.waiting) + (0 if self.remote_prefill is None else self.remote_prefill.num_waiting)
 
     @property
-    def num_prefilling_elsewhere(self) -> int:
-        """Requests a prefill instance is computing (parallel.disaggregation): work while this engine runs none."""
-        return 0 if self.remote_prefill is None else self.remote_prefill.num_prefilling
+    def num_computing_elsewhere(self) -> int:
+        """Requests other processes are computing (a prefill instance): work while this engine runs none."""
+        return 0 if self.remote_prefill is None else self.remote_prefill.num_computing
 
     @property
     def num_running(self) -> int:

@@ -2,5 +2,7 @@
 
 The driver (rank 0, the engine's own process) broadcasts each iteration's SchedulerOutput to the workers,
 runs its own shard and samples; the workers run their shards on what they receive (docs/engine.md,
-"Parallelism"). Nothing here is imported while ``tensor_parallel_size`` and ``pipeline_parallel_size`` are 1.
+"Parallelism"). Beside the ranks: disaggregated prefill and decode (``remote_prefill.py``) and data-parallel
+replicas behind a router (``replicas.py``), each instance an engine in a process of its own. Nothing here is
+imported while every ``parallel`` size is 1 and ``disaggregation`` is null.
 """

@@ -10,8 +10,6 @@ The pipe closing stops it."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -19,6 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from stallfree.engine.distributed.instance import run_instance
 from stallfree.engine.distributed.kv_transfer import export_prefix
 from stallfree.engine.distributed.rank_runner import use_cores
 
@@ -37,21 +36,16 @@ def kv_link(store: dist.Store, rank: int, timeout_s: float) -> dist.ProcessGroup
 def serve_prefill(rank: int, port: int, timeout_s: float, config: Any, build_engine: Callable[[Any], Any],
                   pipe: Connection) -> None:
     """The process target (engine/distributed/workers.py): ``build_engine(config)`` is the prefill engine."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's to handle
-    try:
-        use_cores(WORLD_SIZE)
-        store = dist.TCPStore("127.0.0.1", port, WORLD_SIZE, is_master=False, timeout=timedelta(seconds=timeout_s))
-        engine = build_engine(config)
-        pipe.send(("ready",))  # then both join the group
-        _prefill(engine, pipe, kv_link(store, rank, timeout_s))
-    except (EOFError, OSError):  # the front end closed the pipe (or died): stop
-        os._exit(0)
-    except BaseException as exc:
-        try:
-            pipe.send(("died", f"the prefill instance failed: {type(exc).__name__}: {exc}"))
-        finally:
-            os._exit(1)
-    os._exit(0)
+    run_instance(pipe, "the prefill instance", lambda: _serve(rank, port, timeout_s, config, build_engine, pipe))
+
+
+def _serve(rank: int, port: int, timeout_s: float, config: Any, build_engine: Callable[[Any], Any],
+           pipe: Connection) -> None:
+    use_cores(WORLD_SIZE)
+    store = dist.TCPStore("127.0.0.1", port, WORLD_SIZE, is_master=False, timeout=timedelta(seconds=timeout_s))
+    engine = build_engine(config)
+    pipe.send(("ready",))  # then both join the group
+    _prefill(engine, pipe, kv_link(store, rank, timeout_s))
 
 
 def _records(engine: Any) -> list[Any]:

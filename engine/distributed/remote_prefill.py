@@ -15,7 +15,6 @@ import heapq
 import itertools
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from stallfree.engine.config_checks import ConfigError
+from stallfree.engine.distributed.instance import expect_ready, send_quietly
 from stallfree.engine.distributed.kv_transfer import PrefixKv, import_prefix
 from stallfree.engine.distributed.prefill_worker import (
     DECODE_RANK,
@@ -80,7 +80,7 @@ class RemotePrefill:
                                                                      build_engine))
         remote = cls(workers)
         try:
-            remote._expect_ready(timeout_s)
+            expect_ready(workers, remote.pipe, timeout_s, "the prefill instance")
             remote.link = kv_link(store, DECODE_RANK, timeout_s)
         except BaseException:
             remote.shutdown()
@@ -88,17 +88,6 @@ class RemotePrefill:
         log.info("disaggregated 1p1d: prefill instance pid %d, decode instance pid %d, KV over gloo",
                  workers.workers[0].process.pid, os.getpid())
         return remote
-
-    def _expect_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.pipe.poll(0.05):
-            self.workers.check()
-            if time.monotonic() > deadline:
-                raise WorkerDied(f"the prefill instance did not start within {timeout_s:g} s "
-                                 "(parallel.startup_timeout_s)")
-        message = self.pipe.recv()
-        if message[0] != "ready":
-            raise WorkerDied(message[1])
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -111,22 +100,16 @@ class RemotePrefill:
         while self.upcoming and self.upcoming[0][0] <= now:
             request = heapq.heappop(self.upcoming)[2]
             self.pending[request.request_id] = request
-            self._send(("add", request.request_id, request.prompt_token_ids))
-
-    def _send(self, message: tuple) -> None:
-        try:
-            self.pipe.send(message)
-        except OSError:  # the prefill instance is gone: the next step finds out why and ends the requests
-            pass
+            send_quietly(self.pipe, ("add", request.request_id, request.prompt_token_ids))
 
     def reset_prefix_cache(self) -> None:
         """Empty the prefill instance's prefix cache before it takes its next request."""
-        self._send(("reset", None))
+        send_quietly(self.pipe, ("reset", None))
 
     def abort(self, request_id: str, now: float) -> Request | None:
         """End a request not yet handed to the decode scheduler, aborted; None if it is not here."""
         if request_id in self.pending:
-            self._send(("abort", request_id))
+            send_quietly(self.pipe, ("abort", request_id))
             return _end(self.pending.pop(request_id), RequestStatus.FINISHED_ABORTED, now)
         for queue in (self.upcoming, self.arrived):
             for index, entry in enumerate(queue):
@@ -155,7 +138,7 @@ class RemotePrefill:
         return len(self.upcoming) + len(self.pending) + len(self.arrived)
 
     @property
-    def num_prefilling(self) -> int:
+    def num_computing(self) -> int:
         """Requests the prefill instance has and has not sent back."""
         return len(self.pending)
 

@@ -12,7 +12,8 @@ from stallfree.engine.config_checks import ConfigError
 from stallfree.loadgen.config.schema import BenchConfig
 
 # (section, field, default) of EngineConfig fields newer than the run ids (engine_identity).
-FIELDS_SINCE_RUN_IDS = (("cache", "enable_prefix_caching", False), ("parallel", "disaggregation", None))
+FIELDS_SINCE_RUN_IDS = (("cache", "enable_prefix_caching", False), ("parallel", "disaggregation", None),
+                        ("parallel", "data_parallel_size", 1), ("parallel", "router", "least_outstanding"))
 # (group, field, default) of the bench's measured groups newer than the run ids (loadgen.sweep.plan)
 BENCH_FIELDS_SINCE_RUN_IDS = (("arrival", "max_concurrency", None), ("arrival", "ramp_up_strategy", None),
                               ("arrival", "ramp_up_start_qps", None), ("arrival", "ramp_up_end_qps", None))

@@ -162,7 +162,7 @@ def _replay(engine, specs: Sequence[RequestSpec], warmup: int, timeout_s: float 
                 if (request_id := heapq.heappop(by_arrival)[1]) in in_flight:
                     aborted = engine.abort(request_id)
                     done(request_id, "timeout", TIMEOUT_ERROR, engine.clock(), aborted and aborted.metrics)
-        if len(engine.batch_records) == iterations and in_flight and not engine.num_prefilling_elsewhere:
+        if len(engine.batch_records) == iterations and in_flight and not engine.num_computing_elsewhere:
             upcoming = bisect.bisect_right(arrivals, before)
             if upcoming == len(arrivals):
                 raise RuntimeError(f"engine stalled: {len(in_flight)} arrived requests, none runnable")

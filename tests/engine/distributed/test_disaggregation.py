@@ -104,7 +104,7 @@ def test_a_request_goes_to_the_prefill_instance_at_its_arrival_time(pd_engine, p
     pd_engine.add_request(prompts[4], SamplingParams(max_tokens=2, ignore_eos=True), request_id="later",
                           arrival_time=due)
     pd_engine.step()
-    assert pd_engine.num_prefilling_elsewhere == 0 and pd_engine.num_waiting == 1 and pd_engine.has_unfinished()
+    assert pd_engine.num_computing_elsewhere == 0 and pd_engine.num_waiting == 1 and pd_engine.has_unfinished()
     final = None
     while pd_engine.has_unfinished():
         final = next((out for out in pd_engine.step() if out.finished), final)

@@ -58,7 +58,8 @@ def assert_reached(engine: EngineConfig, values: dict[str, object]) -> None:
 
 # Keys whose other value needs others at theirs (a disaggregated deployment: one process per instance, a prefix
 # cache), set on their own.
-ALONE = {"parallel.disaggregation": {"parallel.disaggregation": "1p1d", "cache.enable_prefix_caching": True}}
+ALONE = {"parallel.disaggregation": {"parallel.disaggregation": "1p1d", "cache.enable_prefix_caching": True},
+         "parallel.data_parallel_size": {"parallel.data_parallel_size": 2}}
 
 
 def engine_config_of(values: dict[str, object], serve: bool, tmp_path: Path) -> EngineConfig:
