@@ -1,6 +1,7 @@
-"""Disaggregated prefill and decode against one process on this machine: ``parallel.disaggregation=1p1d`` (one
-core per instance) and colocated (one engine on every core), the same policy, model, workload and Poisson loads,
-each run a fresh ``stallfree-bench`` process (``target=inprocess``), the arms alternating within each round:
+"""Disaggregated prefill and decode on this machine against colocated engines: ``parallel.disaggregation=1p1d``
+(one core per instance), two data-parallel replicas (``parallel.data_parallel_size=2``, one core each: the
+comparison per device) and one process on every core; the same policy, model, workload and Poisson loads, each
+run a fresh ``stallfree-bench`` process (``target=inprocess``), the arms in turn, reversed every other round:
 TTFT and TBT P50 / P99, output throughput, and the 1P1D runs' KV transfers (bytes and milliseconds per request).
 
     python -m benchmarks.disaggregation [--model small] [--qps 1,2,4] [--rounds 2] [--num-requests 32] [--dtype auto]
@@ -21,7 +22,10 @@ import pandas as pd
 
 BENCH = Path(sys.executable).parent / "stallfree-bench"
 ARMS = {"colocated": ["cache.enable_prefix_caching=true"],
+        "replicas": ["cache.enable_prefix_caching=true", "parallel.data_parallel_size=2"],
         "1p1d": ["cache.enable_prefix_caching=true", "parallel.disaggregation=1p1d"]}
+RATIOS = (("1p1d", "colocated"), ("1p1d", "replicas"), ("replicas", "colocated"))
+RATIO_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms", "output_throughput")
 SUMMARY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms", "output_throughput", "completed",
                 "failed")
 
@@ -69,17 +73,15 @@ def main() -> None:
                     runs[arm][str(qps)].append(result)
                     print(f"round {round_index} qps {qps} {arm}: " + ", ".join(
                         f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float)), flush=True)
-    ratios = {str(q): {key: [a[key] / b[key] for a, b in zip(runs["1p1d"][str(q)], runs["colocated"][str(q)],
-                                                               strict=True) if b[key]]
-                       for key in ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms",
-                                   "output_throughput")} for q in loads}
-    medians = {q: {key: statistics.median(values) for key, values in by_key.items() if values}
-               for q, by_key in ratios.items()}
+    ratios = {f"{a}/{b}": {str(q): {key: [x[key] / y[key] for x, y in zip(runs[a][str(q)], runs[b][str(q)], strict=True)
+                                      if y[key]] for key in RATIO_KEYS} for q in loads} for a, b in RATIOS}
+    medians = {pair: {q: {key: statistics.median(values) for key, values in by_key.items() if values}
+                      for q, by_key in by_qps.items()} for pair, by_qps in ratios.items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": "python -m benchmarks.disaggregation " + " ".join(sys.argv[1:]),
         "settings": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
-        "ratios_1p1d_over_colocated": ratios, "median_ratios_1p1d_over_colocated": medians}, indent=2) + "\n")
+        "ratios": ratios, "median_ratios": medians}, indent=2) + "\n")
     print(json.dumps(medians, indent=2))
 
 

@@ -213,6 +213,9 @@ class BenchConfig(EngineConfig):
         if self.mode == "tune" and self.tune.serve_cmd is not None:
             require(self.target.kind == "url", "target", "url with tune.serve_cmd (the command's server, started "
                     "on target.url's port for each setting)", self.target.kind)
+        split = self.parallel.data_parallel_size > 1 or self.parallel.disaggregation is not None
+        require(self.mode != "study" or not split, "mode", "other than 'study' with parallel.data_parallel_size > 1 "
+                "or parallel.disaggregation (a study reshapes one engine's iterations)", self.mode)
         require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
         positive("qps", self.qps)
         for key in ("num_requests", "repeats"):
