@@ -30,10 +30,25 @@ SUMMARY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tbt_ms", "p99_tbt_ms", 
                 "failed")
 
 
+def add_arm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The settings every arm runs with (this benchmark's and benchmarks/disaggregation_capacity.py's)."""
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--policy", default="sarathi")
+    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--workload", default="arxiv")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--num-requests", type=int, default=32)
+
+
+def bench_command(arm: str, experiment: str, args: argparse.Namespace, results_dir: Path) -> list[str]:
+    """``stallfree-bench`` with ``arm``'s keys and the shared settings; the caller adds its mode's keys."""
+    return [str(BENCH), f"model={args.model}", f"scheduler={args.policy}", f"scheduler.chunk_size={args.chunk_size}",
+            f"workload={args.workload}", "arrival=poisson", f"num_requests={args.num_requests}",
+            f"model.dtype={args.dtype}", f"results_dir={results_dir}", f"experiment_name={experiment}", *ARMS[arm]]
+
+
 def run_once(arm: str, qps: float, args: argparse.Namespace, results_dir: Path) -> dict:
-    cmd = [str(BENCH), f"model={args.model}", f"scheduler={args.policy}", f"scheduler.chunk_size={args.chunk_size}",
-           f"workload={args.workload}", "arrival=poisson", f"qps={qps}", f"num_requests={args.num_requests}",
-           f"model.dtype={args.dtype}", f"results_dir={results_dir}", f"experiment_name={arm}-{qps}", *ARMS[arm]]
+    cmd = [*bench_command(arm, f"{arm}-{qps}", args, results_dir), f"qps={qps}"]
     started = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     run_dir = next(results_dir.glob(f"{arm}-{qps}/*/summary.json")).parent
@@ -52,14 +67,9 @@ def run_once(arm: str, qps: float, args: argparse.Namespace, results_dir: Path) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--policy", default="sarathi")
-    parser.add_argument("--chunk-size", type=int, default=256)
-    parser.add_argument("--workload", default="arxiv")
-    parser.add_argument("--dtype", default="auto")
+    add_arm_arguments(parser)
     parser.add_argument("--qps", default="1,2,4")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/disaggregation_cpu.json"))
     args = parser.parse_args()
     loads = [float(q) for q in args.qps.split(",")]

@@ -15,19 +15,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.disaggregation import ARMS, BENCH
+from benchmarks.disaggregation import ARMS, add_arm_arguments, bench_command
 
 CAPACITY_KEYS = ("capacity_qps", "capacity_display", "bracketed", "lo_qps", "hi_qps", "slo_tbt_ms")
 
 
 def search(arm: str, slo_name: str, tbt_ms: float, args: argparse.Namespace, results_dir: Path) -> dict:
     experiment = f"{arm}-{slo_name}"
-    cmd = [str(BENCH), "mode=capacity", f"model={args.model}", f"scheduler={args.policy}",
-           f"scheduler.chunk_size={args.chunk_size}", f"workload={args.workload}", "arrival=poisson",
-           f"num_requests={args.num_requests}", f"model.dtype={args.dtype}", f"slo={slo_name}", f"slo.tbt_ms={tbt_ms}",
-           f"capacity.start_qps={args.start_qps}", f"capacity.tolerance={args.tolerance}",
-           f"capacity.unsure_remeasures={args.unsure_remeasures}", f"results_dir={results_dir}", f"experiment_name={experiment}",
-           *ARMS[arm]]
+    cmd = [*bench_command(arm, experiment, args, results_dir), "mode=capacity", f"slo={slo_name}",
+           f"slo.tbt_ms={tbt_ms}", f"capacity.start_qps={args.start_qps}", f"capacity.tolerance={args.tolerance}",
+           f"capacity.unsure_remeasures={args.unsure_remeasures}"]
     started = time.monotonic()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     record = json.loads((results_dir / experiment / "capacity.json").read_text())[0]
@@ -36,12 +33,7 @@ def search(arm: str, slo_name: str, tbt_ms: float, args: argparse.Namespace, res
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--policy", default="sarathi")
-    parser.add_argument("--chunk-size", type=int, default=256)
-    parser.add_argument("--workload", default="arxiv")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--num-requests", type=int, default=32)
+    add_arm_arguments(parser)
     parser.add_argument("--start-qps", type=float, default=2.0)
     parser.add_argument("--tolerance", type=float, default=0.1)  # the searches' relative bracket width
     parser.add_argument("--unsure-remeasures", type=int, default=1)

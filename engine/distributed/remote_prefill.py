@@ -63,7 +63,7 @@ class RemotePrefill:
         self.upcoming: list[tuple[float, int, Request]] = []  # a heap by arrival time: not yet sent
         self._order = itertools.count()  # ties in arrival time keep their order
         self.pending: dict[str, Request] = {}  # sent to the prefill instance; KV not here yet
-        self.arrived: deque[tuple[Request, PrefixKv]] = deque()  # KV here, waiting for free blocks
+        self.arrived: deque[tuple[PrefixKv, Request]] = deque()  # KV here, waiting for free blocks
         self.held: dict[str, list[int]] = {}  # blocks held for a request until it is admitted
         self.batch_records: list[BatchRecord] = []  # the prefill instance's, as they come (taken by the engine)
 
@@ -111,26 +111,25 @@ class RemotePrefill:
         if request_id in self.pending:
             send_quietly(self.pipe, ("abort", request_id))
             return _end(self.pending.pop(request_id), RequestStatus.FINISHED_ABORTED, now)
-        for queue in (self.upcoming, self.arrived):
+        for queue in (self.upcoming, self.arrived):  # the request is each entry's last item
             for index, entry in enumerate(queue):
-                if (request := entry[-1] if queue is self.upcoming else entry[0]).request_id == request_id:
+                if entry[-1].request_id == request_id:
                     del queue[index]
                     heapq.heapify(self.upcoming)
-                    return _end(request, RequestStatus.FINISHED_ABORTED, now)
+                    return _end(entry[-1], RequestStatus.FINISHED_ABORTED, now)
         return None
 
     def end_all(self, now: float) -> list[Request]:
         """End every request not yet handed to the decode scheduler with an error (the engine stopped)."""
-        requests = [*(entry[-1] for entry in self.upcoming), *self.pending.values(),
-                    *(request for request, _ in self.arrived)]
+        requests = [*(entry[-1] for entry in (*self.upcoming, *self.arrived)), *self.pending.values()]
         self.upcoming.clear()
         self.pending.clear()
         self.arrived.clear()
         return [_end(request, RequestStatus.FINISHED_ERROR, now) for request in requests]
 
     def __contains__(self, request_id: str) -> bool:
-        return request_id in self.pending or any(entry[-1].request_id == request_id for entry in self.upcoming) \
-            or any(request.request_id == request_id for request, _ in self.arrived)
+        return request_id in self.pending or any(entry[-1].request_id == request_id
+                                                 for entry in (*self.upcoming, *self.arrived))
 
     @property
     def num_waiting(self) -> int:
@@ -180,10 +179,10 @@ class RemotePrefill:
                 continue
             request.metrics.kv_transfer_bytes = tensor.numel() * tensor.element_size()
             request.metrics.kv_transfer_start, request.metrics.kv_transfer_end = start, clock()
-            self.arrived.append((request, PrefixKv(request.prompt_token_ids[:num_tokens], tensor, kv.block_size)))
+            self.arrived.append((PrefixKv(request.prompt_token_ids[:num_tokens], tensor, kv.block_size), request))
         self._send_due(clock())
         while self.arrived:
-            request, prefix = self.arrived[0]
+            prefix, request = self.arrived[0]
             blocks = import_prefix(kv, runner, prefix)
             if blocks is None:
                 break

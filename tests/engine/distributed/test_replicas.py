@@ -91,3 +91,16 @@ def test_a_replica_that_dies_ends_the_requests_with_the_cause(tiny_path):
     finally:
         engine.shutdown()
     assert not any(w.process.is_alive() for w in engine.workers.workers)
+
+
+def test_replicas_with_prefix_caching_give_the_tokens_of_one_process(llm, tiny_path):
+    prompts = make_prompts(4, seed=5)
+    prompts += [p + [9, 9] for p in prompts]  # each prompt's blocks come again
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    cached = LLM(str(tiny_path), router="round_robin", enable_prefix_caching=True, **KNOBS)
+    try:
+        tokens = [out.token_ids for out in cached.generate(prompts, params)]
+    finally:
+        cached.engine.shutdown()
+    assert tokens == [out.token_ids for out in llm.generate(prompts, params)]
+    assert tokens == hf_greedy(tiny_path, prompts, MAX_TOKENS)
