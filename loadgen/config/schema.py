@@ -1,12 +1,10 @@
 """The typed stallfree-bench config: the engine's EngineConfig (its sections ``model``, ``cache``,
 ``scheduler``: the schema conf/bench.yaml starts from) extended with one dataclass per group of the bench,
-each checking its own ranges. ``load_bench`` turns a composed config into a BenchConfig once, at the entry
-point (loadgen.config.checks); everything inward takes that object, never the raw Hydra config: it
-is the run's config.yaml, and run ids hash it (loadgen.sweep.plan).
+each checking its own ranges. ``load_bench`` turns a composed config into a BenchConfig once, at the entry point
+(loadgen.config.checks); everything inward takes it, never the raw Hydra config (run ids hash it).
 
-Settings whose names depend on a kind (``workload.lengths``, ``model.deployment``, ``study``) stay
-mappings: the function of their kind checks them (loadgen.workload.request_specs, engine/simulator,
-loadgen.studies.catalog).
+Settings named by a kind (``workload.lengths``, ``model.deployment``, ``study``) stay mappings: the function
+of their kind checks them (loadgen.workload.request_specs, engine/simulator, loadgen.studies.catalog).
 """
 from __future__ import annotations
 
@@ -217,6 +215,7 @@ class BenchConfig(EngineConfig):
         require(self.mode != "study" or not split, "mode", "other than 'study' with parallel.data_parallel_size > 1 "
                 "or parallel.disaggregation (a study reshapes one engine's iterations)", self.mode)
         require(self.rerun in RERUN, "rerun", f"one of {list(RERUN)}", self.rerun)
+        self._settle_offered_load()
         positive("qps", self.qps)
         for key in ("num_requests", "repeats"):
             require(getattr(self, key) >= 1, key, "an integer >= 1", getattr(self, key))
@@ -250,6 +249,12 @@ class BenchConfig(EngineConfig):
         require(self.arrival.max_concurrency is None or self.target.kind != "locust", "arrival.max_concurrency",
                 "null with target=locust (Locust's users are its closed loop; target.max_in_flight drops arrivals "
                 "over a cap)", self.arrival.max_concurrency)
+
+    def _settle_offered_load(self) -> None:
+        """``arrival.qps`` set apart from ``qps`` is the load offered: ``qps`` (run id, summary) takes it."""
+        if self.arrival.qps is not None and self.arrival.qps != self.qps:
+            print(f"[config] arrival.qps={self.arrival.qps:g} sets qps (the key naming the load)", flush=True)
+            self.qps = self.arrival.qps
 
     @property
     def virtual_time(self) -> bool:

@@ -77,3 +77,12 @@ def test_session_presets_on_every_target():
         for target in ("inprocess", "http", "locust"):
             cfg = bench_config(f"workload={name}", f"target={target}")
             assert cfg.workload.lengths["kind"] in SESSION_WORKLOADS
+
+
+def test_an_arrival_rate_set_apart_names_the_run(capsys):
+    cfg = bench_config("arrival.qps=6")
+    assert cfg.qps == 6 and cfg.arrival.qps == 6
+    assert plan_run(cfg).run_id == plan_run(bench_config("qps=6")).run_id
+    assert "arrival.qps=6 sets qps" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="qps must be"):
+        bench_config("arrival.qps=0")
