@@ -38,6 +38,8 @@ METRICS = ("output_throughput", "median_ttft_ms", "p99_tbt_ms")
 POLICIES = (("vllm", 512), ("sarathi", 128))
 PROFILE_REQUESTS = 24  # per profiled policy, as stallfree-profile (conf/profile.yaml)
 ARXIV_SCALED = {"kind": "trace", "name": "arxiv_summarization", "scale": 8, "shuffle": True}
+# --long-prompts: arXiv summarization at half length (prompts of ~600 to ~2,000 tokens, median ~1,400)
+ARXIV_LONG = {"kind": "trace", "name": "arxiv_summarization", "scale": 2, "shuffle": True}
 # --prefix-caching: agent-like prompts on shared system prompts, the engine caching prefixes
 SHARED_PREFIX = {"kind": "shared_prefix", "num_prefixes": 4, "prefix_len": 1024, "suffix_len": 128, "output_len": 32}
 
@@ -89,10 +91,13 @@ def main() -> None:
                          "checks run beside the real runs)")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="the Poisson points on a shared-prefix workload, real and simulated engines caching prefixes")
+    ap.add_argument("--long-prompts", action="store_true",
+                    help="the Poisson points on arXiv prompts at half length (hundreds to ~2,000 tokens), not /8")
     ap.add_argument("--out", default="benchmarks/results/simulator_fidelity.json")
     args = ap.parse_args()
     base = {"model": args.model}
-    poisson_lengths, poisson_max_total = (SHARED_PREFIX, None) if args.prefix_caching else (ARXIV_SCALED, 512)
+    poisson_lengths, poisson_max_total = ((SHARED_PREFIX, None) if args.prefix_caching else
+                                          (ARXIV_LONG, None) if args.long_prompts else (ARXIV_SCALED, 512))
     n, prompt, output = (int(x) for x in args.offline.split("x"))
     workloads = [("offline", {"kind": "burst"}, {"kind": "fixed", "prompt": prompt, "output": output}, n, None)]
     workloads += [(f"poisson-{qps}", {"kind": "poisson", "qps": float(qps)}, poisson_lengths, args.num_requests,
@@ -124,7 +129,7 @@ def main() -> None:
                 print(f"{policy}-{chunk_size:<4} {name:<12} {label:<7} " + "  ".join(
                     f"{m} {real[m]:.1f} vs {simulated[m]:.1f} ({errors[m]:+.0f}%)" for m in METRICS), flush=True)
             rows.append(row)
-    result = {"model": args.model, "prefix_caching": args.prefix_caching, "cost_models": cost_models, "real_repeats": args.real_repeats,
+    result = {"model": args.model, "prefix_caching": args.prefix_caching, "long_prompts": args.long_prompts, "cost_models": cost_models, "real_repeats": args.real_repeats,
               "sim_seeds": args.sim_seeds, "runs": rows}
     poisson = [r for r in rows if r["workload"].startswith("poisson")]
     for label in ("fitted", "checked"):

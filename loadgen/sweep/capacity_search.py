@@ -11,7 +11,7 @@ verdict hangs on a P99 TBT whose 95% interval straddles the SLO is measured agai
 the unloaded TTFT (the baseline of the client-side scheduling delay, loadgen.sweep.unloaded_ttft) are
 resolved once, before the first point, and every point is judged against them.
 Invariant: every passing point is <= lo < hi <= every failing point. Results go to
-``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, slo_name,
+``<results_dir>/<experiment_name>/capacity.json``: a list of {scheduler, chunk_size, max_num_seqs, slo_name,
 slo_tbt_ms, the SLO reference and how it was measured, unloaded_ttft, capacity_qps (mean over repeats),
 capacity_bound (exact | lower | upper, engine.records.capacity_bound), capacity_display, capacity_ci_lo /
 capacity_ci_hi (its 95% interval), ..., points} rebuilt from one file per search in ``.capacity/``.
@@ -216,7 +216,8 @@ def run_search(cfg: BenchConfig, targets: LiveTarget) -> dict:
     bound = mean_bound([r.bound for r in results])
     display = capacity_text(interval.mean, bound, min(p.qps for r in results for p in r.points), unit=" qps")
     first = results[0]
-    record = {"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"], **slo,
+    record = {"scheduler": plan.params["scheduler"], "chunk_size": plan.params["chunk_size"],
+              "max_num_seqs": None if plan.params["policy"] is None else cfg.scheduler.max_num_seqs, **slo,
               "unloaded_ttft": unloaded_record,
               "capacity_qps": interval.mean, "capacity_bound": bound, "capacity_display": display,
               "capacity_ci_lo": interval.lo, "capacity_ci_hi": interval.hi,

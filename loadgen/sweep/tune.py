@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from stallfree.engine.config_checks import ConfigError
 from stallfree.engine.records.run_summary import read_summary
 from stallfree.loadgen.config.schema import BenchConfig
 from stallfree.loadgen.sweep.capacity_search import run_search
@@ -42,9 +43,9 @@ def live_seconds(record: dict, repeats: int) -> float:
 
 def plan_live(ranked: list[tuple[Setting, dict]], own: Setting, confirm: int, repeats: int,
               max_minutes: float | None) -> tuple[list[Setting], list[Setting]]:
-    """The settings measured live, the config's own first, then the best simulated ones; and those dropped
-    for ``max_minutes``."""
-    wanted = [own] + [s for s, _ in ranked if s != own][:confirm]
+    """The settings measured live, the config's own first (unless it could not run), then the best simulated
+    ones; and those dropped for ``max_minutes``."""
+    wanted = [s for s, _ in ranked if s == own] + [s for s, _ in ranked if s != own][:confirm]
     if max_minutes is None:
         return wanted, []
     estimate = {s: live_seconds(record, repeats) for s, record in ranked}
@@ -70,7 +71,15 @@ def run_tune(cfg: BenchConfig, targets: LiveTarget) -> dict:
     settings, own = grid(cfg, tune), Setting.of(cfg)
     print(f"[tune] {len(settings)} settings, slo={cfg.slo.name} ({slo['slo_tbt_ms']:.0f} ms, {reference_text(slo)}, "
           "pinned for every setting): searching each in simulation", flush=True)
-    searched = {s: run_search(simulated(s.apply(base), tune), targets) for s in settings}
+    searched, failed = {}, {}
+    for setting in settings:
+        try:
+            searched[setting] = run_search(simulated(setting.apply(base), tune), targets)
+        except ConfigError as e:  # a setting the engine refuses (vllm's budget under max_model_len): a row
+            failed[setting] = str(e)
+            print(f"[tune] {setting.label} cannot run: {e}", flush=True)
+    if not searched:
+        raise ConfigError(next(iter(failed.values())))  # the config's, not a setting's
     ranked = sorted(searched.items(), key=lambda item: (-item[1]["capacity_qps"], sort_key(item[0])))
     live, dropped = plan_live(ranked, own, tune.confirm, cfg.repeats, tune.max_minutes)
     if dropped:
@@ -83,6 +92,7 @@ def run_tune(cfg: BenchConfig, targets: LiveTarget) -> dict:
     rows = [TuneRow.of(setting, rank, record, measured.get(setting), setting in dropped, setting == own,
                        run_reader(exp_dir))
             for rank, (setting, record) in enumerate(ranked, start=1)]
+    rows += [TuneRow.failed(setting, reason) for setting, reason in failed.items()]
     return _conclude(cfg, exp_dir, slo, rows)
 
 
@@ -111,7 +121,7 @@ def run_reader(exp_dir: Path) -> Callable[[str], dict]:
 def _conclude(cfg: BenchConfig, exp_dir: Path, slo: dict | None, rows: list[TuneRow]) -> dict:
     record = {"slo": slo, "model": cfg.target.served_model or cfg.model.model, "workload": cfg.workload.name, "repeats": cfg.repeats,
               "live_target": cfg.target.kind, "live_simulated": cfg.virtual_time, "serve_cmd": cfg.tune.serve_cmd,
-              "settings": [row.as_record() for row in rows], **answer(rows)}
+              "settings": [row.as_record() for row in rows], **answer(rows, cfg.capacity.tolerance)}
     _write(exp_dir, record, tune_markdown(record, rows))
     print(f"[tune] {record['answer']}", flush=True)
     return record

@@ -78,9 +78,11 @@ def disagreements(rows: list[TuneRow]) -> list[str]:
             and a.measured_capacity_qps < b.measured_capacity_qps]
 
 
-def answer(rows: list[TuneRow]) -> dict:
+def answer(rows: list[TuneRow], tolerance: float = 0.0) -> dict:
     """The recommendation: the best measured setting (the best simulated one, flagged, where none was
-    measured), its one-line answer and the disagreements between the two orders."""
+    measured), its one-line answer and the disagreements between the two orders. ``tolerance``: the capacity
+    search's (each capacity is a passing rate within that fraction of a failing one), under which a gain over
+    the default is not told apart from it."""
     measured = [r for r in rows if r.status == "measured"]
     own = next((r for r in rows if r.own), None)
     simulated = [r for r in rows if r.simulated_rank is not None]
@@ -103,7 +105,10 @@ def answer(rows: list[TuneRow]) -> dict:
     elif own is None:
         pass  # a server tuned through its launch flags: every setting is one of the grid's
     elif own.status == "measured" and own.measured_bound != UPPER and own.measured_capacity_qps:
-        text += f", {best.measured_capacity_qps / own.measured_capacity_qps:.2g}x the default ({own.setting.label})"
+        gain = best.measured_capacity_qps / own.measured_capacity_qps
+        text += f", {gain:.3g}x the default ({own.setting.label})"
+        if gain <= 1 + tolerance:
+            text += f", within the search's resolution (capacity.tolerance={tolerance:g}): not told apart from it"
     elif own.status == "measured":
         text += f"; the default ({own.setting.label}) met the SLO at no rate tried"
     return {"recommendation": best.setting.label, "confirmed": True, "answer": text,

@@ -82,8 +82,8 @@ def test_capacity_search_on_tiny_inprocess(tmp_path):
     assert done.returncode == 0, done.stderr
     exp_dir = tmp_path / "capacity"
     [record] = json.loads((exp_dir / "capacity.json").read_text())
-    assert (record["scheduler"], record["chunk_size"], record["slo_name"], record["slo_tbt_ms"]) == \
-        ("faster_transformer", None, "strict", 60000.0)
+    assert (record["scheduler"], record["chunk_size"], record["max_num_seqs"], record["slo_name"],
+            record["slo_tbt_ms"]) == ("faster_transformer", None, 1, "strict", 60000.0)
     points = [Point(**p) for p in record["points"]]
     assert record["bracketed"], points
     assert record["capacity_qps"] == record["lo_qps"] > 0

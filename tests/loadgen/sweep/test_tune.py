@@ -87,6 +87,16 @@ def test_the_answer_is_the_best_measured_setting_against_the_default_with_the_di
     assert (best.measured_run_id, best.p99_tbt_ms, best.median_ttft_ms) == ("r3.0", 40.0, 300.0)  # the best pass
 
 
+def test_a_gain_within_the_searchs_tolerance_is_not_told_apart_from_the_default():
+    own, b = Setting("sarathi", 512, 128), Setting("sarathi", 2048, 128)
+    table = rows({own: record(3.125, [(3.125, 90, True)]), b: record(3.25, [(3.25, 90, True)])},
+                 {own: 3.125, b: 3.25}, own)
+    assert answer(table, tolerance=0.05)["answer"] == (
+        "sarathi, chunk 2048, max_num_seqs 128: capacity 3.25 qps, 1.04x the default (sarathi, chunk 512, "
+        "max_num_seqs 128), within the search's resolution (capacity.tolerance=0.05): not told apart from it")
+    assert answer(table, tolerance=0.02)["answer"].endswith("1.04x the default (sarathi, chunk 512, max_num_seqs 128)")
+
+
 def test_an_answer_with_repeats_gives_its_interval_and_one_nothing_passed_says_so():
     own = Setting("sarathi", 512, 128)
     good = answer(rows({own: record(3.0, [(3.0, 9, True)], repeats=[2.9, 3.1])}, {own: 3.0}, own))
@@ -128,6 +138,37 @@ def test_a_tune_searches_every_setting_simulated_the_best_live_and_writes_its_an
     assert f"**{result['answer']}**" in markdown and "P99 TBT <= 50 ms, probe decode reference 10 ms" in markdown
     assert "| sarathi, chunk 256, max_num_seqs 128 | 2 | 2 qps | not measured |  |  |" in markdown
     assert "| sarathi, chunk 512, max_num_seqs 128 | 1 | 3 qps | 1.5 qps | 150 / 450 | 40 |" in markdown
+
+
+def stand_in_searches(monkeypatch, refused: set[str]):
+    """run_search standing in: the policies in ``refused`` fail as the engine refuses them (in process, a
+    ConfigError naming the key), the others reach 1 qps."""
+    def fake_search(cfg, targets):
+        if cfg.scheduler.policy in refused:
+            raise ConfigError("engine: scheduler.max_num_batched_tokens (4096) must be >= max_model_len (8192)")
+        return record(1.0, [(1.0, 30, True)])
+
+    monkeypatch.setattr(tune_module, "run_search", fake_search)
+    monkeypatch.setattr(tune_module, "read_summary", lambda path: type("Summary", (), {
+        "flat": lambda self: run_summary(path.parent.name)})())
+    monkeypatch.setattr(tune_module, "resolve_slo", lambda cfg, exp_dir, targets: {
+        "slo_name": "strict", "slo_tbt_ms": 50.0, "decode_iter_ms": 10.0, "slo_reference_method": "probe"})
+
+
+def test_a_setting_the_engine_refuses_is_a_failed_row_and_the_tune_goes_on(tmp_path, monkeypatch):
+    stand_in_searches(monkeypatch, refused={"vllm"})
+    result = tune_module.run_tune(bench(tmp_path, "scheduler=vllm", "tune.chunk_sizes=[512]"), targets=None)
+    rows = {row["label"]: row for row in result["settings"]}
+    assert rows["vllm, max_num_seqs 128"]["status"] == "failed"
+    assert "max_num_batched_tokens (4096)" in rows["vllm, max_num_seqs 128"]["reason"]
+    assert rows["sarathi, chunk 512, max_num_seqs 128"]["status"] == "measured"
+    assert result["recommendation"] == "sarathi, chunk 512, max_num_seqs 128"
+
+
+def test_a_config_every_setting_refuses_is_a_config_error(tmp_path, monkeypatch):
+    stand_in_searches(monkeypatch, refused={"vllm", "sarathi"})
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        tune_module.run_tune(bench(tmp_path, "tune.chunk_sizes=[512]"), targets=None)
 
 
 @pytest.mark.parametrize(("override", "message"), [
