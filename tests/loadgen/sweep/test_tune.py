@@ -108,6 +108,15 @@ def test_an_answer_with_repeats_gives_its_interval_and_one_nothing_passed_says_s
     assert not unconfirmed["confirmed"] and "NOT confirmed live" in unconfirmed["answer"]
 
 
+def stand_in(monkeypatch, search) -> None:
+    """The tune's capacity searches, run summaries and SLO stood in for (``search`` takes the config)."""
+    monkeypatch.setattr(tune_module, "run_search", search)
+    monkeypatch.setattr(tune_module, "read_summary", lambda path: type("Summary", (), {
+        "flat": lambda self: run_summary(path.parent.name)})())
+    monkeypatch.setattr(tune_module, "resolve_slo", lambda cfg, exp_dir, targets: {
+        "slo_name": "strict", "slo_tbt_ms": 50.0, "decode_iter_ms": 10.0, "slo_reference_method": "probe"})
+
+
 def test_a_tune_searches_every_setting_simulated_the_best_live_and_writes_its_answer(tmp_path, monkeypatch):
     simulated_capacity = {("vllm", None): 1.0, ("sarathi", 256): 2.0, ("sarathi", 512): 3.0}
     searched = []
@@ -120,11 +129,7 @@ def test_a_tune_searches_every_setting_simulated_the_best_live_and_writes_its_an
         capacity = simulated_capacity[key] * (0.5 if live and key == ("sarathi", 512) else 1.0)
         return record(capacity, [(capacity, 30, True)])
 
-    monkeypatch.setattr(tune_module, "run_search", fake_search)
-    monkeypatch.setattr(tune_module, "read_summary", lambda path: type("Summary", (), {
-        "flat": lambda self: run_summary(path.parent.name)})())
-    monkeypatch.setattr(tune_module, "resolve_slo", lambda cfg, exp_dir, targets: {
-        "slo_name": "strict", "slo_tbt_ms": 50.0, "decode_iter_ms": 10.0, "slo_reference_method": "probe"})
+    stand_in(monkeypatch, fake_search)
     cfg = bench(tmp_path, "scheduler=vllm", "tune.chunk_sizes=[256,512]", "tune.confirm=1")
     result = tune_module.run_tune(cfg, targets=None)
     simulated_keys = [k for k, live, _ in searched if not live]
@@ -148,11 +153,7 @@ def stand_in_searches(monkeypatch, refused: set[str]):
             raise ConfigError("engine: scheduler.max_num_batched_tokens (4096) must be >= max_model_len (8192)")
         return record(1.0, [(1.0, 30, True)])
 
-    monkeypatch.setattr(tune_module, "run_search", fake_search)
-    monkeypatch.setattr(tune_module, "read_summary", lambda path: type("Summary", (), {
-        "flat": lambda self: run_summary(path.parent.name)})())
-    monkeypatch.setattr(tune_module, "resolve_slo", lambda cfg, exp_dir, targets: {
-        "slo_name": "strict", "slo_tbt_ms": 50.0, "decode_iter_ms": 10.0, "slo_reference_method": "probe"})
+    stand_in(monkeypatch, fake_search)
 
 
 def test_a_setting_the_engine_refuses_is_a_failed_row_and_the_tune_goes_on(tmp_path, monkeypatch):
